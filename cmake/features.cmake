@@ -1,0 +1,60 @@
+# BRAID_CUDA, BRAID_UCX, BRAID_IBVERBS: AUTO uses what is found, ON requires
+# it, OFF skips it. Each resolved choice is printed once and becomes a
+# BRAID_HAVE_<NAME>=0|1 definition that braid-info reports.
+set(BRAID_CUDA AUTO CACHE STRING "CUDA support: AUTO, ON or OFF")
+set(BRAID_UCX AUTO CACHE STRING "UCX transport: AUTO, ON or OFF")
+set(BRAID_IBVERBS AUTO CACHE STRING "InfiniBand verbs transport: AUTO, ON or OFF")
+foreach(opt BRAID_CUDA BRAID_UCX BRAID_IBVERBS)
+  set_property(CACHE ${opt} PROPERTY STRINGS AUTO ON OFF)
+  if(NOT ${opt} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${opt} must be AUTO, ON or OFF, not '${${opt}}'")
+  endif()
+endforeach()
+
+function(braid_resolve_feature opt found what)
+  if(${opt} STREQUAL "OFF")
+    set(result 0)
+    message(STATUS "braid: ${opt}=OFF: ${what} not built")
+  elseif(found)
+    set(result 1)
+    message(STATUS "braid: ${opt}=${${opt}}: ${what} found")
+  elseif(${opt} STREQUAL "ON")
+    message(FATAL_ERROR "braid: ${opt}=ON but ${what} was not found")
+  else()
+    set(result 0)
+    message(STATUS "braid: ${opt}=AUTO: ${what} not found, not built")
+  endif()
+  set(${opt}_ENABLED ${result} PARENT_SCOPE)
+endfunction()
+
+set(_cuda_found FALSE)
+if(NOT BRAID_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  set(_cuda_found ${CUDAToolkit_FOUND})
+endif()
+braid_resolve_feature(BRAID_CUDA "${_cuda_found}" "the CUDA toolkit")
+
+set(_ucx_found FALSE)
+if(NOT BRAID_UCX STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(UCX QUIET ucx)
+    set(_ucx_found ${UCX_FOUND})
+  endif()
+endif()
+braid_resolve_feature(BRAID_UCX "${_ucx_found}" "UCX (libucx-dev)")
+
+set(_verbs_found FALSE)
+if(NOT BRAID_IBVERBS STREQUAL "OFF")
+  find_library(IBVERBS_LIBRARY ibverbs)
+  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  if(IBVERBS_LIBRARY AND IBVERBS_INCLUDE_DIR)
+    set(_verbs_found TRUE)
+  endif()
+endif()
+braid_resolve_feature(BRAID_IBVERBS "${_verbs_found}" "libibverbs (libibverbs-dev)")
+
+set(BRAID_FEATURE_DEFINITIONS
+  BRAID_HAVE_CUDA=${BRAID_CUDA_ENABLED}
+  BRAID_HAVE_UCX=${BRAID_UCX_ENABLED}
+  BRAID_HAVE_IBVERBS=${BRAID_IBVERBS_ENABLED})

@@ -1,0 +1,116 @@
+// The communicator: a group of ranks that run collectives together.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "braid/config.h"
+#include "braid/error.h"
+#include "braid/types.h"
+
+namespace braid {
+
+// Where an operation runs. The default stream is host-synchronous: the call
+// runs the operation in the caller's thread and returns a completed Work, the
+// latency path. Stream::async() queues it on the communicator's progress
+// thread and returns at once; Work::wait() joins it. Operations still run in
+// issue order across both kinds.
+class Stream {
+ public:
+  Stream() = default;
+  static Stream async() { return Stream(Kind::HostAsync); }
+  bool isAsync() const { return kind_ == Kind::HostAsync; }
+
+ private:
+  enum class Kind { HostSync, HostAsync };
+  explicit Stream(Kind kind) : kind_(kind) {}
+  Kind kind_ = Kind::HostSync;
+};
+
+// Completion handle of one operation. Copies share the same operation.
+class Work {
+ public:
+  struct State;
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // True once the operation finished (successfully or not). Never blocks.
+  bool test() const;
+  // Blocks until the operation finished; rethrows its error, if any.
+  void wait() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Communicator {
+ public:
+  // Makes a new job id and starts the rendezvous service for it in this
+  // process; ship the id to every rank out of band. The service lives until
+  // the job's ranks have met or Config::timeout passed.
+  static UniqueId newUniqueId(const Config& config = {});
+
+  // Collective over `nranks` processes: every rank calls it with the same id.
+  // Fails with Timeout, naming the ranks that never arrived, after
+  // Config::timeout.
+  static Communicator init(int nranks, int rank, const UniqueId& id, const Config& config = {});
+
+  // Reads rank, size and rendezvous address from the launcher's environment:
+  // braid-run (BRAID_RANK, BRAID_WORLD_SIZE, BRAID_UNIQUE_ID or BRAID_ROOT),
+  // torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
+  // (OMPI_COMM_WORLD_RANK/SIZE), MPICH/Hydra (PMI_RANK/PMI_SIZE) and Slurm
+  // (SLURM_PROCID/SLURM_NTASKS), in that order.
+  static Communicator fromEnvironment(const Config& config = {});
+
+  Communicator();  // an empty handle; every operation on it is InvalidUsage
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  // Finishes queued operations (bounded by Config::timeout), then frees
+  // every thread, socket and buffer the communicator owns.
+  ~Communicator();
+
+  // Collectives follow NCCL: every rank issues the same ones in the same
+  // order; `count` 0 is legal and does nothing; in place means send == recv
+  // (all-gather: send == recv + rank * sendCount; reduce-scatter:
+  // recv == send + rank * recvCount).
+  Work allReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
+                 Stream stream = {});
+  Work broadcast(const void* send, void* recv, size_t count, DataType type, int root,
+                 Stream stream = {});
+  Work reduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, int root,
+              Stream stream = {});
+  Work allGather(const void* send, void* recv, size_t sendCount, DataType type, Stream stream = {});
+  Work reduceScatter(const void* send, void* recv, size_t recvCount, DataType type, ReduceOp op,
+                     Stream stream = {});
+  Work send(const void* buffer, size_t count, DataType type, int peer, Stream stream = {});
+  Work recv(void* buffer, size_t count, DataType type, int peer, Stream stream = {});
+  Work barrier(Stream stream = {});
+
+  // Operations issued between groupStart() and the matching groupEnd() run
+  // together when groupEnd() is called, so grouped sends and receives to
+  // every peer cannot deadlock. Groups nest; the outermost groupEnd() runs.
+  void groupStart();
+  void groupEnd();
+
+  // Collective: ranks with the same color form a new communicator, ordered by
+  // (key, old rank). A negative color joins none and returns an empty handle.
+  Communicator split(int color, int key);
+
+  // Fails every pending and later operation with Aborted. Safe from any thread.
+  void abort();
+
+  int rank() const;
+  int size() const;
+  bool valid() const { return impl_ != nullptr; }
+
+  struct Impl;  // opaque outside the library
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace braid

@@ -1,0 +1,85 @@
+// Plans: what one rank does for one collective, as an ordered list of
+// primitive steps. A planner is a pure function of the collective's shape; it
+// never touches a transport, so every algorithm can be checked without
+// processes. The executor (src/exec) runs plans over connections.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace braid::algo {
+
+// The two user buffers a step reads or writes.
+enum class Buffer : uint8_t { Input, Output };
+
+// The primitives. "Recv" reads the next message from recvPeer; "Send" posts
+// one to sendPeer; "Reduce" combines the received data with `src` using the
+// op's kernel; "Copy" writes `dst`. A step moves `count` elements, streamed
+// through the connection in slot-sized pieces, so a step that receives and
+// sends forwards each piece as soon as it arrived.
+enum class StepKind : uint8_t {
+  Send,                // src -> peer
+  Recv,                // peer -> dst
+  RecvReduceSend,      // (peer op src) -> peer
+  RecvReduceCopy,      // (peer op src) -> dst
+  RecvReduceCopySend,  // (peer op src) -> dst and -> peer
+  RecvCopySend,        // peer -> dst and -> peer
+  Copy,                // src -> dst, locally
+};
+
+struct Step {
+  StepKind kind = StepKind::Copy;
+  // The step produces final values: apply the op's finalize (Avg divides).
+  bool finalize = false;
+  int sendPeer = -1;
+  int recvPeer = -1;
+  Buffer src = Buffer::Input;
+  Buffer dst = Buffer::Output;
+  size_t srcOffset = 0;  // elements
+  size_t dstOffset = 0;  // elements
+  size_t count = 0;      // elements, never 0 in a plan
+};
+
+struct Plan {
+  std::vector<Step> steps;
+};
+
+// Everything a planner may depend on. Plans are cached by this shape.
+struct Shape {
+  int nranks = 1;
+  int rank = 0;
+  size_t count = 0;       // elements: per rank for all-gather and reduce-scatter
+  int root = 0;           // broadcast, reduce
+  int peer = -1;          // send, recv
+  size_t chunkElems = 1;  // most elements one step moves
+  size_t alignElems = 1;  // chunk boundaries fall on multiples of this
+};
+
+// Ring all-reduce: reduce-scatter then all-gather around the ring, in rounds
+// of nranks chunks. 2(n-1) steps per round; each rank sends and receives
+// 2(n-1)/n * S bytes for an S-byte buffer.
+Plan ringAllReduce(const Shape& shape);
+
+// Ring all-gather: n-1 steps per round; each rank sends and receives
+// (n-1) * S bytes for an S-byte input.
+Plan ringAllGather(const Shape& shape);
+
+// Ring reduce-scatter: n-1 steps per round; each rank sends and receives
+// (n-1) * S bytes for an S-byte output.
+Plan ringReduceScatter(const Shape& shape);
+
+// Pipelined chain broadcast from root around the ring: one step per chunk;
+// every rank but the last in the chain sends S bytes, every rank but the
+// root receives S bytes. Time ~ (n - 1 + chunks) chunk-hops.
+Plan chainBroadcast(const Shape& shape);
+
+// Pipelined chain reduce ending at root: one step per chunk; every rank but
+// the root sends S bytes, every rank but the first receives S bytes.
+Plan chainReduce(const Shape& shape);
+
+// Point-to-point: one step of `count` elements to or from `peer`.
+Plan sendTo(const Shape& shape);
+Plan recvFrom(const Shape& shape);
+
+}  // namespace braid::algo

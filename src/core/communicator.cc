@@ -1,0 +1,551 @@
+#include "braid/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/communicator_impl.h"
+#include "core/errors.h"
+#include "core/introspect.h"
+#include "core/log.h"
+
+namespace braid {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+net::Deadline deadlineAfter(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
+
+uint64_t randomSecret() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The local address to listen on: the configured interface, else the one
+// that routes to the root.
+net::Address listenAddressFor(const net::Address& root, const Knobs& knobs) {
+  if (!knobs.socketIfname.empty()) return net::interfaceAddress(knobs.socketIfname);
+  if (root.isLoopback()) return net::Address::loopback();
+  return net::routeTo(root);
+}
+
+// Argument checks. Each throws InvalidArgument naming the argument; none
+// changes the communicator, so it stays usable.
+class Checker {
+ public:
+  Checker(const Communicator::Impl& impl, const char* op) : impl_(impl), op_(op) {}
+
+  [[noreturn]] void reject(const std::string& why) const {
+    fail(ErrorCode::InvalidArgument, impl_.rank, format("%s: %s", op_, why.c_str()));
+  }
+  void type(DataType type) const {
+    if (!isValid(type))
+      reject(format("argument 'type' (%d) is not a braid::DataType", static_cast<int>(type)));
+  }
+  void op(ReduceOp op) const {
+    if (!isValid(op))
+      reject(format("argument 'op' (%d) is not a braid::ReduceOp", static_cast<int>(op)));
+  }
+  void rank(const char* name, int value) const {
+    if (value < 0 || value >= impl_.nranks)
+      reject(format("argument '%s' is %d, not a rank of this %d-rank communicator", name, value,
+                    impl_.nranks));
+  }
+  // count * blocks elements of `type` must be addressable.
+  void size(const char* name, size_t count, DataType type, size_t blocks = 1) const {
+    size_t limit = std::numeric_limits<size_t>::max() / 2 / dataTypeSize(type) / blocks;
+    if (count > limit)
+      reject(format("argument '%s' (%zu) times the %s element size%s overflows", name, count,
+                    dataTypeName(type), blocks > 1 ? " and the rank count" : ""));
+  }
+  void buffer(const char* name, const void* pointer, size_t count) const {
+    if (pointer == nullptr && count > 0)
+      reject(format("argument '%s' is null but count is %zu", name, count));
+  }
+
+ private:
+  const Communicator::Impl& impl_;
+  const char* op_;
+};
+
+std::shared_ptr<Work::State> completedState() {
+  static const std::shared_ptr<Work::State> state = [] {
+    auto s = std::make_shared<Work::State>();
+    s->finished = true;
+    return s;
+  }();
+  return state;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Work
+
+void Work::State::complete(std::exception_ptr failure) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    error = std::move(failure);
+    finished = true;
+  }
+  done.notify_all();
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->finished;
+}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->done.wait(lock, [&] { return state_->finished; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+// ---------------------------------------------------------------- Impl
+
+Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs& k)
+    : rank(boot->rank()),
+      nranks(boot->size()),
+      knobs(k),
+      bootstrap(std::move(boot)),
+      sendSeq(nranks, 0),
+      recvSeq(nranks, 0) {
+  wiring = transport::wireUp(
+      {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
+  executor = std::make_unique<exec::Executor>(wiring, rank);
+}
+
+Communicator::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex);
+    stopping = true;
+  }
+  queueChanged.notify_all();
+  if (progressThread.joinable()) progressThread.join();
+}
+
+void Communicator::Impl::throwIfFailed() const {
+  std::lock_guard<std::mutex> lock(failureMutex);
+  if (failure)
+    throw Error(failure->code(), format("braid rank %d: the communicator failed earlier: %s", rank,
+                                        failure->what()));
+}
+
+void Communicator::Impl::recordFailure(const Error& error) {
+  std::lock_guard<std::mutex> lock(failureMutex);
+  if (!failure) failure = error;
+}
+
+void Communicator::Impl::execute(PendingOp* ops, size_t count) {
+  exec::Lane single;
+  std::vector<exec::Lane> many;
+  exec::Lane* lanes = &single;
+  if (count > 1) {
+    many.resize(count);
+    lanes = many.data();
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const PendingOp& op = ops[i];
+    exec::Lane& lane = lanes[i];
+    lane.plan = op.plan.get();
+    lane.input = static_cast<const std::byte*>(op.input);
+    lane.output = static_cast<std::byte*>(op.output);
+    lane.type = op.info.type;
+    lane.elemSize = dataTypeSize(op.info.type);
+    lane.op = op.info.op;
+    lane.kernel = op.info.reduces ? reduce::kernelFor(op.info.type, op.info.op) : nullptr;
+    lane.nranks = nranks;
+    lane.tag = op.tag;
+    lane.info = &op.info;
+  }
+  try {
+    throwIfFailed();
+    executor->run(lanes, count, Clock::now() + knobs.timeout, aborted);
+  } catch (const Error& error) {
+    recordFailure(error);
+    auto failure = std::current_exception();
+    for (size_t i = 0; i < count; ++i)
+      if (ops[i].work) ops[i].work->complete(failure);
+    throw;
+  }
+  for (size_t i = 0; i < count; ++i)
+    if (ops[i].work) ops[i].work->complete(nullptr);
+}
+
+void Communicator::Impl::waitForAsyncIdle() {
+  std::unique_lock<std::mutex> lock(queueMutex);
+  queueChanged.wait(lock, [&] { return outstanding == 0; });
+}
+
+void Communicator::Impl::enqueue(std::vector<PendingOp> ops) {
+  std::lock_guard<std::mutex> lock(queueMutex);
+  if (!progressThread.joinable()) progressThread = std::thread([this] { progressLoop(); });
+  queue.push_back(std::move(ops));
+  ++outstanding;
+  queueChanged.notify_all();
+}
+
+void Communicator::Impl::progressLoop() {
+  std::unique_lock<std::mutex> lock(queueMutex);
+  for (;;) {
+    queueChanged.wait(lock, [&] { return stopping || !queue.empty(); });
+    if (queue.empty()) return;  // stopping, and nothing left to run
+    std::vector<PendingOp> ops = std::move(queue.front());
+    queue.pop_front();
+    lock.unlock();
+    {
+      std::lock_guard<std::mutex> exec(execMutex);
+      try {
+        execute(ops.data(), ops.size());
+      } catch (const Error&) {
+        // Delivered through each op's Work.
+      }
+    }
+    lock.lock();
+    --outstanding;
+    queueChanged.notify_all();
+  }
+}
+
+Work Communicator::Impl::issue(PendingOp op) {
+  if (groupDepth > 0) {
+    op.work = std::make_shared<Work::State>();
+    Work work(op.work);
+    group.push_back(std::move(op));
+    return work;
+  }
+  if (op.async) {
+    op.work = std::make_shared<Work::State>();
+    Work work(op.work);
+    std::vector<PendingOp> ops;
+    ops.push_back(std::move(op));
+    enqueue(std::move(ops));
+    return work;
+  }
+  waitForAsyncIdle();
+  std::lock_guard<std::mutex> lock(execMutex);
+  execute(&op, 1);
+  return Work(completedState());
+}
+
+// ---------------------------------------------------------------- Communicator
+
+Communicator::Communicator() = default;
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+Communicator::~Communicator() = default;
+
+UniqueId Communicator::newUniqueId(const Config& config) {
+  Knobs knobs = Knobs::resolve(config);
+  net::Address at = knobs.socketIfname.empty() ? net::defaultLocalAddress()
+                                               : net::interfaceAddress(knobs.socketIfname);
+  net::Listener listener(at);
+  bootstrap::IdContents contents{listener.address(), randomSecret()};
+  bootstrap::startRoot(std::move(listener), contents.secret, knobs.timeout);
+  return bootstrap::encodeId(contents);
+}
+
+Communicator Communicator::init(int nranks, int rank, const UniqueId& id, const Config& config) {
+  if (nranks < 1)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: init: argument 'nranks' is %d, must be at least 1", nranks));
+  if (rank < 0 || rank >= nranks)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: init: argument 'rank' is %d, not in [0, %d)", rank, nranks));
+  Knobs knobs = Knobs::resolve(config);
+  bootstrap::IdContents contents = bootstrap::decodeId(id);
+  log::setRank(rank);
+  net::Deadline deadline = deadlineAfter(knobs.timeout);
+  auto boot = bootstrap::Bootstrap::join(id, nranks, rank, listenAddressFor(contents.root, knobs),
+                                         deadline);
+  auto impl = std::make_unique<Impl>(std::move(boot), knobs);
+  BRAID_INFO(Init, "rank %d of %d ready", rank, nranks);
+  return Communicator(std::move(impl));
+}
+
+namespace {
+
+Communicator::Impl& usable(Communicator::Impl* impl, const char* op) {
+  if (!impl)
+    throw Error(ErrorCode::InvalidUsage,
+                format("braid: %s on an empty communicator handle (moved from, or split with a "
+                       "negative color)",
+                       op));
+  impl->throwIfFailed();
+  return *impl;
+}
+
+algo::Shape shapeFor(const Communicator::Impl& impl, size_t count, DataType type) {
+  algo::Shape shape;
+  shape.nranks = impl.nranks;
+  shape.rank = impl.rank;
+  shape.count = count;
+  size_t size = dataTypeSize(type);
+  shape.alignElems = std::max<size_t>(1, 64 / size);
+  shape.chunkElems = std::max(shape.alignElems,
+                              impl.knobs.chunkBytes / size / shape.alignElems * shape.alignElems);
+  return shape;
+}
+
+PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const char* name,
+                       const algo::Shape& shape, DataType type, const void* input, void* output,
+                       Stream stream) {
+  PendingOp op;
+  op.info.name = name;
+  op.info.seq = impl.collectiveSeq++;
+  op.info.count = shape.count;
+  op.info.type = type;
+  op.plan = impl.plans.get(collective, shape);
+  op.input = input;
+  op.output = output;
+  op.tag = static_cast<uint32_t>(op.info.seq & 0x7fffffff);
+  op.async = stream.isAsync();
+  return op;
+}
+
+}  // namespace
+
+Work Communicator::allReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
+                             Stream stream) {
+  Impl& impl = usable(impl_.get(), "allReduce");
+  Checker check(impl, "allReduce");
+  check.type(type);
+  check.op(op);
+  check.size("count", count, type);
+  check.buffer("send", send, count);
+  check.buffer("recv", recv, count);
+  PendingOp pending = collectiveOp(impl, Collective::AllReduce, "allReduce",
+                                   shapeFor(impl, count, type), type, send, recv, stream);
+  pending.info.op = op;
+  pending.info.reduces = true;
+  return impl.issue(std::move(pending));
+}
+
+Work Communicator::broadcast(const void* send, void* recv, size_t count, DataType type, int root,
+                             Stream stream) {
+  Impl& impl = usable(impl_.get(), "broadcast");
+  Checker check(impl, "broadcast");
+  check.type(type);
+  check.rank("root", root);
+  check.size("count", count, type);
+  if (impl.rank == root) check.buffer("send", send, count);
+  check.buffer("recv", recv, count);
+  algo::Shape shape = shapeFor(impl, count, type);
+  shape.root = root;
+  PendingOp pending =
+      collectiveOp(impl, Collective::Broadcast, "broadcast", shape, type, send, recv, stream);
+  pending.info.root = root;
+  return impl.issue(std::move(pending));
+}
+
+Work Communicator::reduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
+                          int root, Stream stream) {
+  Impl& impl = usable(impl_.get(), "reduce");
+  Checker check(impl, "reduce");
+  check.type(type);
+  check.op(op);
+  check.rank("root", root);
+  check.size("count", count, type);
+  check.buffer("send", send, count);
+  if (impl.rank == root) check.buffer("recv", recv, count);
+  algo::Shape shape = shapeFor(impl, count, type);
+  shape.root = root;
+  PendingOp pending =
+      collectiveOp(impl, Collective::Reduce, "reduce", shape, type, send, recv, stream);
+  pending.info.op = op;
+  pending.info.reduces = true;
+  pending.info.root = root;
+  return impl.issue(std::move(pending));
+}
+
+Work Communicator::allGather(const void* send, void* recv, size_t sendCount, DataType type,
+                             Stream stream) {
+  Impl& impl = usable(impl_.get(), "allGather");
+  Checker check(impl, "allGather");
+  check.type(type);
+  check.size("sendCount", sendCount, type, impl.nranks);
+  check.buffer("send", send, sendCount);
+  check.buffer("recv", recv, sendCount);
+  return impl.issue(collectiveOp(impl, Collective::AllGather, "allGather",
+                                 shapeFor(impl, sendCount, type), type, send, recv, stream));
+}
+
+Work Communicator::reduceScatter(const void* send, void* recv, size_t recvCount, DataType type,
+                                 ReduceOp op, Stream stream) {
+  Impl& impl = usable(impl_.get(), "reduceScatter");
+  Checker check(impl, "reduceScatter");
+  check.type(type);
+  check.op(op);
+  check.size("recvCount", recvCount, type, impl.nranks);
+  check.buffer("send", send, recvCount);
+  check.buffer("recv", recv, recvCount);
+  PendingOp pending = collectiveOp(impl, Collective::ReduceScatter, "reduceScatter",
+                                   shapeFor(impl, recvCount, type), type, send, recv, stream);
+  pending.info.op = op;
+  pending.info.reduces = true;
+  return impl.issue(std::move(pending));
+}
+
+namespace {
+
+PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input, void* output,
+                       size_t count, DataType type, int peer, Stream stream) {
+  algo::Shape shape = shapeFor(impl, count, type);
+  shape.peer = peer;
+  uint64_t& seq = sending ? impl.sendSeq[peer] : impl.recvSeq[peer];
+  PendingOp op;
+  op.info.name = sending ? "send" : "recv";
+  op.info.seq = seq++;
+  op.info.count = count;
+  op.info.type = type;
+  op.info.peer = peer;
+  op.plan = impl.plans.get(sending ? Collective::Send : Collective::Recv, shape);
+  op.input = input;
+  op.output = output;
+  // The k-th send from A to B meets the k-th receive at B from A.
+  op.tag = 0x80000000u | static_cast<uint32_t>(op.info.seq & 0x7fffffff);
+  op.async = stream.isAsync();
+  return op;
+}
+
+}  // namespace
+
+Work Communicator::send(const void* buffer, size_t count, DataType type, int peer, Stream stream) {
+  Impl& impl = usable(impl_.get(), "send");
+  Checker check(impl, "send");
+  check.type(type);
+  check.rank("peer", peer);
+  check.size("count", count, type);
+  check.buffer("buffer", buffer, count);
+  return impl.issue(pointToPoint(impl, true, buffer, nullptr, count, type, peer, stream));
+}
+
+Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Stream stream) {
+  Impl& impl = usable(impl_.get(), "recv");
+  Checker check(impl, "recv");
+  check.type(type);
+  check.rank("peer", peer);
+  check.size("count", count, type);
+  check.buffer("buffer", buffer, count);
+  return impl.issue(pointToPoint(impl, false, nullptr, buffer, count, type, peer, stream));
+}
+
+Work Communicator::barrier(Stream stream) {
+  Impl& impl = usable(impl_.get(), "barrier");
+  PendingOp pending =
+      collectiveOp(impl, Collective::AllReduce, "barrier", shapeFor(impl, 1, DataType::Uint8),
+                   DataType::Uint8, &impl.barrierIn, &impl.barrierOut, stream);
+  pending.info.op = ReduceOp::Max;
+  pending.info.reduces = true;
+  return impl.issue(std::move(pending));
+}
+
+void Communicator::groupStart() { ++usable(impl_.get(), "groupStart").groupDepth; }
+
+void Communicator::groupEnd() {
+  Impl& impl = usable(impl_.get(), "groupEnd");
+  if (impl.groupDepth == 0)
+    fail(ErrorCode::InvalidUsage, impl.rank, "groupEnd without a matching groupStart");
+  if (--impl.groupDepth > 0 || impl.group.empty()) return;
+  std::vector<PendingOp> ops = std::move(impl.group);
+  impl.group.clear();
+  bool async = std::any_of(ops.begin(), ops.end(), [](const PendingOp& op) { return op.async; });
+  if (async) {
+    impl.enqueue(std::move(ops));
+    return;
+  }
+  impl.waitForAsyncIdle();
+  std::lock_guard<std::mutex> lock(impl.execMutex);
+  impl.execute(ops.data(), ops.size());
+}
+
+Communicator Communicator::split(int color, int key) {
+  Impl& impl = usable(impl_.get(), "split");
+  if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "split inside a group");
+  impl.waitForAsyncIdle();
+  std::lock_guard<std::mutex> lock(impl.execMutex);
+  net::Deadline deadline = deadlineAfter(impl.knobs.timeout);
+
+  struct Entry {
+    int32_t color;
+    int32_t key;
+    char listen[64];
+  };
+  std::optional<net::Listener> listener;
+  std::vector<Entry> entries(impl.nranks);
+  Entry& mine = entries[impl.rank];
+  std::memset(&mine, 0, sizeof(mine));
+  mine.color = color < 0 ? -1 : color;
+  mine.key = key;
+  if (color >= 0) {
+    net::Address at = impl.bootstrap->listenAddress();
+    at.setPort(0);
+    listener.emplace(at);
+    std::snprintf(mine.listen, sizeof(mine.listen), "%s", listener->address().toString().c_str());
+  }
+  try {
+    impl.bootstrap->allGather(entries.data(), sizeof(Entry), deadline);
+  } catch (const Error& error) {
+    impl.recordFailure(error);
+    throw;
+  }
+  const uint64_t splitIndex = ++impl.splits;
+  if (color < 0) return Communicator();
+
+  std::vector<int> members;
+  for (int r = 0; r < impl.nranks; ++r)
+    if (entries[r].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return entries[a].key < entries[b].key; });
+  std::vector<bootstrap::PeerInfo> table;
+  int newRank = -1;
+  for (int r : members) {
+    if (r == impl.rank) newRank = static_cast<int>(table.size());
+    entries[r].listen[sizeof(entries[r].listen) - 1] = '\0';
+    table.push_back({net::Address::parse(entries[r].listen, "split listen address"),
+                     impl.bootstrap->table()[r].hostId});
+  }
+  uint64_t secret = mix(impl.bootstrap->secret() ^ mix(splitIndex) ^
+                        mix(static_cast<uint64_t>(static_cast<uint32_t>(color)) + 0x5851F42Dull));
+  auto boot = bootstrap::Bootstrap::fromTable(std::move(*listener), std::move(table), newRank,
+                                              secret, deadline);
+  return Communicator(std::make_unique<Impl>(std::move(boot), impl.knobs));
+}
+
+void Communicator::abort() {
+  if (!impl_) return;
+  impl_->recordFailure(Error(ErrorCode::Aborted,
+                             format("braid rank %d: the communicator was aborted", impl_->rank)));
+  impl_->aborted.store(true);
+}
+
+int Communicator::rank() const {
+  if (!impl_) throw Error(ErrorCode::InvalidUsage, "braid: rank() on an empty communicator handle");
+  return impl_->rank;
+}
+int Communicator::size() const {
+  if (!impl_) throw Error(ErrorCode::InvalidUsage, "braid: size() on an empty communicator handle");
+  return impl_->nranks;
+}
+
+namespace detail {
+
+std::vector<std::string> peerTransports(const Communicator& comm) {
+  if (!comm.impl()) return {};
+  return comm.impl()->wiring.names;
+}
+
+std::vector<std::string> builtTransports() { return transport::builtTransports(); }
+
+}  // namespace detail
+}  // namespace braid

@@ -1,0 +1,91 @@
+// The communicator's state. Only src/core sees it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "braid/communicator.h"
+#include "core/knobs.h"
+#include "core/plan_cache.h"
+#include "exec/cpu_executor.h"
+#include "transports/registry.h"
+
+namespace braid {
+
+struct Work::State {
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::exception_ptr error;
+
+  void complete(std::exception_ptr failure);
+};
+
+// One issued operation, bound to its buffers, waiting to run.
+struct PendingOp {
+  exec::OpInfo info;
+  std::shared_ptr<const algo::Plan> plan;
+  const void* input = nullptr;
+  void* output = nullptr;
+  uint32_t tag = 0;
+  bool async = false;
+  std::shared_ptr<Work::State> work;
+};
+
+struct Communicator::Impl {
+  Impl(std::unique_ptr<bootstrap::Bootstrap> bootstrap, const Knobs& knobs);
+  ~Impl();
+
+  // Issues `op`: into the open group, onto the progress thread, or inline.
+  Work issue(PendingOp op);
+  // Runs ops together in the calling thread and completes their Work.
+  // REQUIRES: execMutex held.
+  void execute(PendingOp* ops, size_t count);
+  // Waits until the progress thread has nothing queued or running.
+  void waitForAsyncIdle();
+  void enqueue(std::vector<PendingOp> ops);
+  void progressLoop();
+
+  // Throws the sticky failure, if any (every later op fails fast with it).
+  void throwIfFailed() const;
+  void recordFailure(const Error& error);
+
+  const int rank;
+  const int nranks;
+  const Knobs knobs;
+  std::unique_ptr<bootstrap::Bootstrap> bootstrap;
+  transport::Wiring wiring;
+  std::unique_ptr<exec::Executor> executor;
+  PlanCache plans;
+
+  std::atomic<bool> aborted{false};
+  mutable std::mutex failureMutex;
+  std::optional<Error> failure;  // the first sticky error
+
+  uint64_t collectiveSeq = 0;     // collectives issued, the same on every rank
+  std::vector<uint64_t> sendSeq;  // sends issued to each peer
+  std::vector<uint64_t> recvSeq;  // receives issued from each peer
+  uint64_t splits = 0;            // split() calls, for the child's secret
+  int groupDepth = 0;
+  std::vector<PendingOp> group;         // ops issued inside the open group
+  std::byte barrierIn{}, barrierOut{};  // the barrier's 1-byte all-reduce
+
+  std::mutex execMutex;  // held while the executor runs; it serializes the transports
+
+  std::mutex queueMutex;  // guards queue, outstanding, stopping
+  std::condition_variable queueChanged;
+  std::deque<std::vector<PendingOp>> queue;
+  size_t outstanding = 0;  // queued or running on the progress thread
+  bool stopping = false;
+  std::thread progressThread;  // started by the first async op
+};
+
+}  // namespace braid

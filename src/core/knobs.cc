@@ -1,0 +1,175 @@
+#include "core/knobs.h"
+
+#include <cctype>
+#include <cstdlib>
+
+#include "braid/error.h"
+#include "core/errors.h"
+
+namespace braid {
+
+const std::vector<KnobInfo>& knobTable() {
+  static const std::vector<KnobInfo> table = {
+      {"BRAID_TIMEOUT", "duration", "300s",
+       "deadline of every wait (init, each op, destroy); a bare number is seconds", nullptr},
+      {"BRAID_TRANSPORT", "list", "",
+       "ordered transports to use, e.g. \"tcp\"; empty picks the best per peer", nullptr},
+      {"BRAID_SOCKET_IFNAME", "string", "",
+       "network interface for bootstrap and TCP; empty uses the one that routes to the root",
+       "NCCL_SOCKET_IFNAME"},
+      {"BRAID_CHUNK_BYTES", "bytes", "1M",
+       "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
+      {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
+      {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
+      {"BRAID_LOG_LEVEL", "string", "warn", "off, warn, info, debug or trace", "NCCL_DEBUG"},
+      {"BRAID_LOG_SUBSYS", "list", "all",
+       "subsystems to log: init, bootstrap, tcp, exec, coll, env", "NCCL_DEBUG_SUBSYS"},
+      {"BRAID_LOG_FILE", "string", "", "log to this file instead of stderr (%p = pid)", nullptr},
+  };
+  return table;
+}
+
+std::string getEnv(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+namespace {
+
+[[noreturn]] void badValue(const char* what, const std::string& text, const char* expected) {
+  throw Error(ErrorCode::InvalidArgument,
+              format("braid: %s: '%s' is not %s", what, text.c_str(), expected));
+}
+
+// Splits "1500ms" into 1500 and "ms".
+bool splitNumber(const std::string& text, double* number, std::string* unit) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == 0) return false;
+  char* end = nullptr;
+  std::string digits = text.substr(0, i);
+  *number = std::strtod(digits.c_str(), &end);
+  if (end != digits.c_str() + digits.size()) return false;
+  *unit = text.substr(i);
+  for (char& c : *unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return true;
+}
+
+const KnobInfo& knob(const char* name) {
+  for (const KnobInfo& info : knobTable())
+    if (std::string(info.name) == name) return info;
+  throw Error(ErrorCode::Internal, format("braid: no knob named %s", name));
+}
+
+// The knob's text and where it came from: the braid name, then its alias,
+// then the default.
+std::pair<std::string, std::string> lookup(const KnobInfo& info) {
+  if (std::string value = getEnv(info.name); !value.empty())
+    return {value, format("environment (%s)", info.name)};
+  if (info.alias)
+    if (std::string value = getEnv(info.alias); !value.empty())
+      return {value, format("environment (%s)", info.alias)};
+  return {info.defaultValue, "default"};
+}
+
+}  // namespace
+
+std::chrono::milliseconds parseDuration(const std::string& text, const char* what) {
+  double number = 0;
+  std::string unit;
+  if (!splitNumber(text, &number, &unit)) badValue(what, text, "a duration such as 30s or 1500ms");
+  double ms;
+  if (unit.empty() || unit == "s") {
+    ms = number * 1000;
+  } else if (unit == "ms") {
+    ms = number;
+  } else if (unit == "m" || unit == "min") {
+    ms = number * 60000;
+  } else {
+    badValue(what, text, "a duration such as 30s or 1500ms");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(ms));
+}
+
+size_t parseBytes(const std::string& text, const char* what) {
+  double number = 0;
+  std::string unit;
+  if (!splitNumber(text, &number, &unit)) badValue(what, text, "a size such as 4096 or 16M");
+  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();  // "kb", "kib" -> "k", "ki"
+  if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();  // "ki" -> "k"
+  double scale;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k") {
+    scale = 1024.0;
+  } else if (unit == "m") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g") {
+    scale = 1024.0 * 1024 * 1024;
+  } else {
+    badValue(what, text, "a size such as 4096 or 16M");
+  }
+  return static_cast<size_t>(number * scale);
+}
+
+long long parseInt(const std::string& text, const char* what) {
+  char* end = nullptr;
+  long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') badValue(what, text, "an integer");
+  return value;
+}
+
+Knobs Knobs::resolve(const Config& config) {
+  Knobs knobs;
+  knobs.timeout = config.timeout.count() > 0
+                      ? config.timeout
+                      : parseDuration(lookup(knob("BRAID_TIMEOUT")).first, "BRAID_TIMEOUT");
+  if (knobs.timeout.count() <= 0)
+    throw Error(ErrorCode::InvalidArgument, "braid: BRAID_TIMEOUT must be positive");
+  knobs.transports =
+      config.transports.empty() ? lookup(knob("BRAID_TRANSPORT")).first : config.transports;
+  knobs.socketIfname =
+      config.socketIfname.empty() ? lookup(knob("BRAID_SOCKET_IFNAME")).first : config.socketIfname;
+  knobs.slotBytes = parseBytes(lookup(knob("BRAID_SLOT_BYTES")).first, "BRAID_SLOT_BYTES");
+  knobs.slots = static_cast<int>(parseInt(lookup(knob("BRAID_SLOTS")).first, "BRAID_SLOTS"));
+  if (knobs.slotBytes < 4096 || knobs.slotBytes % 64 != 0 || knobs.slotBytes > (1u << 30))
+    throw Error(ErrorCode::InvalidArgument,
+                "braid: BRAID_SLOT_BYTES must be a multiple of 64 between 4K and 1G");
+  if (knobs.slots < 2 || knobs.slots > 512)
+    throw Error(ErrorCode::InvalidArgument, "braid: BRAID_SLOTS must be between 2 and 512");
+  knobs.chunkBytes = config.chunkBytes > 0
+                         ? config.chunkBytes
+                         : parseBytes(lookup(knob("BRAID_CHUNK_BYTES")).first, "BRAID_CHUNK_BYTES");
+  if (knobs.chunkBytes == 0)
+    throw Error(ErrorCode::InvalidArgument, "braid: BRAID_CHUNK_BYTES must be positive");
+  // A ring step never holds more than half a FIFO, so every rank can always
+  // post its next piece and no ring can deadlock.
+  size_t half = knobs.slotBytes * static_cast<size_t>(knobs.slots) / 2;
+  if (knobs.chunkBytes > half) knobs.chunkBytes = half;
+  return knobs;
+}
+
+std::vector<KnobValue> Knobs::describe(const Config& config) {
+  Knobs effective = resolve(config);
+  std::vector<KnobValue> out;
+  for (const KnobInfo& info : knobTable()) {
+    auto [value, source] = lookup(info);
+    std::string name = info.name;
+    if (name == "BRAID_TIMEOUT") {
+      value = std::to_string(effective.timeout.count()) + "ms";
+      if (config.timeout.count() > 0) source = "config";
+    } else if (name == "BRAID_TRANSPORT" && !config.transports.empty()) {
+      value = config.transports, source = "config";
+    } else if (name == "BRAID_SOCKET_IFNAME" && !config.socketIfname.empty()) {
+      value = config.socketIfname, source = "config";
+    } else if (name == "BRAID_CHUNK_BYTES") {
+      value = std::to_string(effective.chunkBytes);
+      if (config.chunkBytes > 0) source = "config";
+    }
+    out.push_back({&info, value, source});
+  }
+  return out;
+}
+
+}  // namespace braid

@@ -1,0 +1,57 @@
+// Every environment knob, declared once. Values are read when a communicator
+// is created (Knobs::resolve) and never again; `braid-info --config` prints
+// the table with each knob's effective value and where it came from.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "braid/config.h"
+
+namespace braid {
+
+struct KnobInfo {
+  const char* name;          // environment variable, e.g. "BRAID_TIMEOUT"
+  const char* type;          // "duration", "bytes", "int", "string", "list"
+  const char* defaultValue;  // as a user would write it
+  const char* doc;           // one line
+  const char* alias;         // NCCL-style alias read when the braid name is unset, or nullptr
+};
+
+// The knob table, in the order braid-info prints it.
+const std::vector<KnobInfo>& knobTable();
+
+struct KnobValue {
+  const KnobInfo* knob;
+  std::string value;
+  std::string source;  // "default", "environment (NAME)", "config"
+};
+
+// Effective values after Config, then the environment, then the defaults.
+// Throws Error(InvalidArgument) naming the knob when a value does not parse.
+struct Knobs {
+  std::chrono::milliseconds timeout;
+  std::string transports;    // comma-separated, empty = automatic
+  std::string socketIfname;  // empty = the interface that routes to the root
+  size_t chunkBytes;         // bytes per pipeline chunk of a collective step
+  size_t slotBytes;          // bytes per FIFO slot of a connection
+  int slots;                 // slots per FIFO
+
+  static Knobs resolve(const Config& config);
+  static std::vector<KnobValue> describe(const Config& config);
+};
+
+// Parsers shared with the tools. Each throws Error(InvalidArgument) naming
+// `what` when `text` does not parse.
+// "300", "300s", "1500ms", "2m" -> milliseconds (a bare number is seconds).
+std::chrono::milliseconds parseDuration(const std::string& text, const char* what);
+// "4096", "64K", "16M", "1G", "8KiB" -> bytes.
+size_t parseBytes(const std::string& text, const char* what);
+long long parseInt(const std::string& text, const char* what);
+
+// The environment variable, or "" when unset.
+std::string getEnv(const char* name);
+
+}  // namespace braid

@@ -1,0 +1,91 @@
+#include "core/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace braid::log {
+namespace {
+
+const char* const kSubsysNames[] = {"init", "bootstrap", "tcp", "exec", "coll", "env"};
+constexpr int kNumSubsys = sizeof(kSubsysNames) / sizeof(kSubsysNames[0]);
+const char* const kLevelNames[] = {"off", "warn", "info", "debug", "trace"};
+
+struct Settings {
+  Level level = Level::Warn;
+  bool subsys[kNumSubsys];
+  FILE* out = stderr;
+
+  Settings() {
+    for (bool& on : subsys) on = true;
+    if (const char* text = std::getenv("BRAID_LOG_LEVEL"); text && *text) {
+      for (int i = 0; i < 5; ++i)
+        if (strcasecmp(text, kLevelNames[i]) == 0) level = static_cast<Level>(i);
+    } else if (const char* nccl = std::getenv("NCCL_DEBUG"); nccl && *nccl) {
+      if (strcasecmp(nccl, "INFO") == 0) level = Level::Info;
+      if (strcasecmp(nccl, "TRACE") == 0) level = Level::Trace;
+    }
+    const char* filter = std::getenv("BRAID_LOG_SUBSYS");
+    if (!filter || !*filter) filter = std::getenv("NCCL_DEBUG_SUBSYS");
+    if (filter && *filter && strcasecmp(filter, "all") != 0) {
+      for (bool& on : subsys) on = false;
+      std::string list(filter);
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        std::string name = list.substr(start, end - start);
+        for (int i = 0; i < kNumSubsys; ++i)
+          if (strcasecmp(name.c_str(), kSubsysNames[i]) == 0) subsys[i] = true;
+        start = end + 1;
+      }
+    }
+    if (const char* path = std::getenv("BRAID_LOG_FILE"); path && *path) {
+      std::string name(path);  // "%p" becomes the pid, so ranks do not share a file
+      if (size_t at = name.find("%p"); at != std::string::npos)
+        name.replace(at, 2, std::to_string(getpid()));
+      if (FILE* file = std::fopen(name.c_str(), "a")) out = file;
+    }
+  }
+};
+
+Settings& settings() {
+  static Settings instance;
+  return instance;
+}
+
+std::atomic<int> gRank{-1};
+std::mutex gWriteMutex;
+
+}  // namespace
+
+bool enabled(Level level, Subsys subsys) {
+  const Settings& s = settings();
+  return level <= s.level && s.subsys[static_cast<int>(subsys)];
+}
+
+void setRank(int rank) {
+  int unset = -1;
+  gRank.compare_exchange_strong(unset, rank);
+}
+
+void write(Level level, Subsys subsys, const char* format, ...) {
+  char message[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof(message), format, args);
+  va_end(args);
+  Settings& s = settings();
+  std::lock_guard<std::mutex> lock(gWriteMutex);
+  std::fprintf(s.out, "braid[rank %d pid %d %s] %s: %s\n", gRank.load(), static_cast<int>(getpid()),
+               kSubsysNames[static_cast<int>(subsys)], kLevelNames[static_cast<int>(level)],
+               message);
+  std::fflush(s.out);
+}
+
+}  // namespace braid::log

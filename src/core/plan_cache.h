@@ -1,0 +1,57 @@
+// Plans cached by shape, so the latency path does no planning and no
+// allocation after the first call of a given shape.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "algorithms/plan.h"
+
+namespace braid {
+
+enum class Collective : uint8_t {
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  Send,
+  Recv
+};
+
+class PlanCache {
+ public:
+  // The plan for `collective` at `shape`, made on first use. Plans are
+  // immutable and shared: a group may hold one while the cache evicts it.
+  std::shared_ptr<const algo::Plan> get(Collective collective, const algo::Shape& shape);
+
+ private:
+  struct Key {
+    Collective collective;
+    int root;
+    int peer;
+    size_t count;
+    size_t chunkElems;
+    size_t alignElems;
+    bool operator==(const Key& other) const {
+      return collective == other.collective && root == other.root && peer == other.peer &&
+             count == other.count && chunkElems == other.chunkElems &&
+             alignElems == other.alignElems;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      uint64_t h = static_cast<uint64_t>(k.collective) * 0x9E3779B97F4A7C15ull;
+      for (uint64_t v : {static_cast<uint64_t>(k.root), static_cast<uint64_t>(k.peer),
+                         static_cast<uint64_t>(k.count), static_cast<uint64_t>(k.chunkElems),
+                         static_cast<uint64_t>(k.alignElems)})
+        h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+      return static_cast<size_t>(h ^ (h >> 31));
+    }
+  };
+  static constexpr size_t kMaxEntries = 512;
+  std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
+};
+
+}  // namespace braid

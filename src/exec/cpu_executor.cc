@@ -1,0 +1,260 @@
+#include "exec/cpu_executor.h"
+
+#include <cstring>
+#include <vector>
+
+#include "braid/error.h"
+#include "core/errors.h"
+
+namespace braid::exec {
+namespace {
+
+using algo::StepKind;
+
+bool receives(StepKind kind) { return kind != StepKind::Send && kind != StepKind::Copy; }
+bool sends(StepKind kind) {
+  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
+}
+
+// How long an idle executor spins before it sleeps in the transports, and
+// the longest single sleep (so abort() is noticed promptly).
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kLongestSleep = std::chrono::milliseconds(10);
+
+// For groups: which lane may use each connection direction now. A lane owns
+// a direction from the first to the last of its steps that use it; lanes
+// take turns in issue order.
+class Arbiter {
+ public:
+  Arbiter(const Lane* lanes, size_t count, int nranks)
+      : lanes_(lanes), queues_(2 * static_cast<size_t>(nranks)), lastUse_(count) {
+    for (size_t i = 0; i < count; ++i) {
+      const auto& steps = lanes[i].plan->steps;
+      for (size_t s = 0; s < steps.size(); ++s) {
+        if (sends(steps[s].kind)) note(i, sendKey(steps[s].sendPeer), s);
+        if (receives(steps[s].kind)) note(i, recvKey(steps[s].recvPeer), s);
+      }
+    }
+  }
+
+  bool mayRun(size_t lane, const algo::Step& step) const {
+    return (!sends(step.kind) || isHead(lane, sendKey(step.sendPeer))) &&
+           (!receives(step.kind) || isHead(lane, recvKey(step.recvPeer)));
+  }
+
+ private:
+  static size_t sendKey(int peer) { return 2 * static_cast<size_t>(peer); }
+  static size_t recvKey(int peer) { return 2 * static_cast<size_t>(peer) + 1; }
+
+  void note(size_t lane, size_t key, size_t step) {
+    auto& queue = queues_[key];
+    if (queue.empty() || queue.back() != lane) queue.push_back(lane);
+    lastUse_[lane].push_back({key, step});
+  }
+
+  size_t lastStep(size_t lane, size_t key) const {
+    size_t last = 0;
+    for (const auto& [k, s] : lastUse_[lane])
+      if (k == key) last = s;
+    return last;
+  }
+
+  // The first lane in issue order that still has steps on `key`.
+  bool isHead(size_t lane, size_t key) const {
+    for (size_t other : queues_[key]) {
+      if (other == lane) return true;
+      if (lanes_[other].step <= lastStep(other, key)) return false;
+    }
+    return false;
+  }
+
+  const Lane* lanes_;
+  std::vector<std::vector<size_t>> queues_;                      // lanes per direction, issue order
+  std::vector<std::vector<std::pair<size_t, size_t>>> lastUse_;  // (direction, step) per lane
+};
+
+}  // namespace
+
+std::string OpInfo::describe() const {
+  std::string text = format("%s #%llu (count %zu, %s", name, static_cast<unsigned long long>(seq),
+                            count, dataTypeName(type));
+  if (reduces) text += format(", %s", reduceOpName(op));
+  if (root >= 0) text += format(", root %d", root);
+  if (peer >= 0) text += format(", peer %d", peer);
+  return text + ")";
+}
+
+bool Executor::advance(Lane& lane) {
+  const auto& steps = lane.plan->steps;
+  if (lane.step == steps.size()) return false;
+  const algo::Step& step = steps[lane.step];
+  const size_t total = step.count * lane.elemSize;
+  const std::byte* src =
+      (step.src == algo::Buffer::Input ? lane.input : lane.output) + step.srcOffset * lane.elemSize;
+  std::byte* dst = lane.output + step.dstOffset * lane.elemSize;
+
+  if (step.kind == StepKind::Copy) {
+    if (src != dst) std::memmove(dst, src, total);
+    if (step.finalize) reduce::finalize(dst, step.count, lane.type, lane.op, lane.nranks);
+    ++lane.step;
+    return true;
+  }
+
+  transport::Connection* in = receives(step.kind) ? wiring_.connections[step.recvPeer] : nullptr;
+  transport::Connection* out = sends(step.kind) ? wiring_.connections[step.sendPeer] : nullptr;
+  const size_t slot = (in ? in : out)->slotBytes();
+  bool moved = false;
+  while (lane.done < total) {
+    const size_t piece = std::min(slot, total - lane.done);
+    const transport::Message* message = nullptr;
+    if (in) {
+      message = in->peekRecv();
+      if (!message) break;
+      if (message->bytes != piece || message->tag != lane.tag)
+        fail(ErrorCode::Internal, rank_,
+             format("%s: peer %d sent a %u-byte message with tag %u where this rank expected "
+                    "%zu bytes with tag %u: the ranks did not issue the same operations",
+                    lane.info->describe().c_str(), step.recvPeer, message->bytes, message->tag,
+                    piece, lane.tag));
+    }
+    std::byte* slotMemory = nullptr;
+    if (out) {
+      slotMemory = out->sendSlot();
+      if (!slotMemory) break;
+    }
+    const std::byte* mine = src + lane.done;
+    std::byte* result = dst + lane.done;
+    const size_t elems = piece / lane.elemSize;
+    switch (step.kind) {
+      case StepKind::Send:
+        std::memcpy(slotMemory, mine, piece);
+        break;
+      case StepKind::Recv:
+        std::memcpy(result, message->data, piece);
+        break;
+      case StepKind::RecvReduceSend:
+        lane.kernel(slotMemory, message->data, mine, elems);
+        break;
+      case StepKind::RecvReduceCopy:
+        lane.kernel(result, message->data, mine, elems);
+        if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
+        break;
+      case StepKind::RecvReduceCopySend:
+        lane.kernel(result, message->data, mine, elems);
+        if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
+        std::memcpy(slotMemory, result, piece);
+        break;
+      case StepKind::RecvCopySend:
+        std::memcpy(result, message->data, piece);
+        std::memcpy(slotMemory, message->data, piece);
+        break;
+      case StepKind::Copy:
+        break;
+    }
+    if (out) out->postSend(static_cast<uint32_t>(piece), lane.tag);
+    if (in) in->releaseRecv();
+    lane.done += piece;
+    moved = true;
+  }
+  if (lane.done == total) {
+    lane.done = 0;
+    ++lane.step;
+    moved = true;
+  }
+  return moved;
+}
+
+bool Executor::progressTransports() {
+  bool moved = false;
+  for (auto& transport : wiring_.transports) moved |= transport->progress();
+  return moved;
+}
+
+bool Executor::flushed() const {
+  for (const transport::Connection* connection : wiring_.connections)
+    if (!connection->flushed()) return false;
+  return true;
+}
+
+void Executor::waitForActivity(Clock::time_point until) {
+  // Only the first transport that can block sleeps the full time; with
+  // several, each gets a short turn so none is starved.
+  size_t blocking = wiring_.transports.size() - 1;  // the last one is "self"
+  if (blocking == 1) {
+    wiring_.transports[0]->waitForActivity(until);
+    return;
+  }
+  auto slice = std::min(until, Clock::now() + std::chrono::microseconds(200));
+  for (size_t i = 0; i < blocking; ++i) wiring_.transports[i]->waitForActivity(slice);
+}
+
+void Executor::failStalled(const Lane* lanes, size_t count, Clock::time_point started,
+                           Clock::time_point deadline) {
+  const Lane* stuck = lanes;
+  for (size_t i = 0; i < count; ++i)
+    if (lanes[i].step < lanes[i].plan->steps.size()) {
+      stuck = &lanes[i];
+      break;
+    }
+  std::string where = "flushing its last messages";
+  if (stuck->step < stuck->plan->steps.size()) {
+    const algo::Step& step = stuck->plan->steps[stuck->step];
+    bool waitingToReceive = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
+    where = waitingToReceive ? format("at step %zu of %zu, waiting for data from rank %d",
+                                      stuck->step + 1, stuck->plan->steps.size(), step.recvPeer)
+                             : format("at step %zu of %zu, waiting for rank %d to take data",
+                                      stuck->step + 1, stuck->plan->steps.size(), step.sendPeer);
+  }
+  auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - started);
+  fail(ErrorCode::Timeout, rank_,
+       format("%s timed out after %lld ms %s", stuck->info->describe().c_str(),
+              static_cast<long long>(waited.count()), where.c_str()));
+}
+
+void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
+                   const std::atomic<bool>& aborted) {
+  const Clock::time_point started = Clock::now();
+  std::unique_ptr<Arbiter> arbiter;
+  if (count > 1)
+    arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));
+  Clock::time_point idleSince{};
+  bool idle = false;
+  try {
+    for (;;) {
+      bool moved = false;
+      bool finished = true;
+      for (size_t i = 0; i < count; ++i) {
+        Lane& lane = lanes[i];
+        if (lane.step == lane.plan->steps.size()) continue;
+        if (!arbiter || arbiter->mayRun(i, lane.plan->steps[lane.step])) moved |= advance(lane);
+        finished &= lane.step == lane.plan->steps.size();
+      }
+      moved |= progressTransports();
+      if (finished && flushed()) return;
+      if (aborted.load(std::memory_order_relaxed))
+        fail(ErrorCode::Aborted, rank_,
+             format("%s: the communicator was aborted", lanes->info->describe().c_str()));
+      if (moved) {
+        idle = false;
+        continue;
+      }
+      const Clock::time_point now = Clock::now();
+      if (!idle) {
+        idle = true;
+        idleSince = now;
+      }
+      if (now >= deadline) failStalled(lanes, count, started, deadline);
+      if (now - idleSince > kSpin) waitForActivity(std::min(deadline, now + kLongestSleep));
+    }
+  } catch (const Error& error) {
+    // Transports throw without context; name this rank and the op here.
+    if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
+    const Lane* current = lanes;
+    for (size_t i = 0; i < count; ++i)
+      if (lanes[i].step < lanes[i].plan->steps.size()) current = &lanes[i];
+    fail(error.code(), rank_, current->info->describe() + ": " + error.what());
+  }
+}
+
+}  // namespace braid::exec

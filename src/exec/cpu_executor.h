@@ -1,0 +1,80 @@
+// The CPU executor: runs plans over connections on the calling thread.
+//
+// A Lane is one plan bound to its buffers. Lanes run together (a group):
+// each advances through its own steps in order; a connection direction is
+// used by one lane at a time, in the order the lanes were issued, so the
+// messages of two ops never interleave on a connection. Waiting spins
+// briefly, then sleeps in the transports; every wait has a deadline.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "algorithms/plan.h"
+#include "braid/types.h"
+#include "reduce/reduce.h"
+#include "transports/registry.h"
+
+namespace braid::exec {
+
+using Clock = std::chrono::steady_clock;
+
+// What an op is, for error messages: "allReduce #12 (count 1024, float32, sum)".
+struct OpInfo {
+  const char* name = "";
+  uint64_t seq = 0;
+  size_t count = 0;
+  DataType type = DataType::Uint8;
+  ReduceOp op = ReduceOp::Sum;
+  bool reduces = false;
+  int root = -1;
+  int peer = -1;
+
+  std::string describe() const;
+};
+
+struct Lane {
+  const algo::Plan* plan = nullptr;
+  const std::byte* input = nullptr;
+  std::byte* output = nullptr;
+  size_t elemSize = 1;
+  DataType type = DataType::Uint8;
+  ReduceOp op = ReduceOp::Sum;
+  reduce::Kernel kernel = nullptr;  // set when the plan reduces
+  int nranks = 1;                   // Avg's divisor
+  uint32_t tag = 0;                 // carried by every message of this op
+  const OpInfo* info = nullptr;
+
+  // Progress, owned by the executor.
+  size_t step = 0;
+  size_t done = 0;  // bytes of the current step already moved
+};
+
+class Executor {
+ public:
+  // `wiring` outlives the executor.
+  Executor(transport::Wiring& wiring, int rank) : wiring_(wiring), rank_(rank) {}
+
+  // Runs every lane to completion and waits until this rank's messages are
+  // on their way. Throws braid::Error whose message names this rank, the
+  // op and the peer: RemoteError when a connection failed, Timeout past the
+  // deadline, Aborted once `aborted` is set, Internal when a message does
+  // not match the op (a mismatched collective).
+  void run(Lane* lanes, size_t count, Clock::time_point deadline, const std::atomic<bool>& aborted);
+
+ private:
+  bool advance(Lane& lane);
+  bool progressTransports();
+  void waitForActivity(Clock::time_point until);
+  bool flushed() const;
+  [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::time_point started,
+                                Clock::time_point deadline);
+
+  transport::Wiring& wiring_;
+  int rank_;
+};
+
+}  // namespace braid::exec

@@ -1,0 +1,202 @@
+// Planners checked in one process, without transports: a small simulator
+// runs every rank's plan over unbounded per-link queues, checks that every
+// receive is matched by a send of the same size (no deadlock, no leftover
+// message) and that every rank ends with the right integers.
+#include "algorithms/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace braid::algo {
+namespace {
+
+using Values = std::vector<int64_t>;
+
+struct SimRank {
+  Plan plan;
+  Values input, output;
+  size_t step = 0;
+};
+
+// Runs all plans to completion (sum reduction). Returns "" or what went wrong.
+std::string simulate(std::vector<SimRank>& ranks) {
+  const int n = static_cast<int>(ranks.size());
+  std::map<std::pair<int, int>, std::deque<Values>> links;  // (from, to) -> messages
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < n; ++r) {
+      SimRank& rank = ranks[r];
+      while (rank.step < rank.plan.steps.size()) {
+        const Step& s = rank.plan.steps[rank.step];
+        if (s.count == 0) return "rank " + std::to_string(r) + " has an empty step";
+        Values received;
+        bool receives = s.kind != StepKind::Send && s.kind != StepKind::Copy;
+        if (receives) {
+          auto& queue = links[{s.recvPeer, r}];
+          if (queue.empty()) break;
+          received = std::move(queue.front());
+          queue.pop_front();
+          if (received.size() != s.count)
+            return "rank " + std::to_string(r) + " step " + std::to_string(rank.step) +
+                   " expected " + std::to_string(s.count) + " elements, got " +
+                   std::to_string(received.size());
+        }
+        const Values& srcBuffer = s.src == Buffer::Input ? rank.input : rank.output;
+        Values mine(srcBuffer.begin() + s.srcOffset, srcBuffer.begin() + s.srcOffset + s.count);
+        Values result;
+        switch (s.kind) {
+          case StepKind::Send:
+          case StepKind::Copy:
+            result = mine;
+            break;
+          case StepKind::Recv:
+          case StepKind::RecvCopySend:
+            result = received;
+            break;
+          default:
+            result = received;
+            for (size_t i = 0; i < s.count; ++i) result[i] += mine[i];
+        }
+        bool writes = s.kind == StepKind::Recv || s.kind == StepKind::RecvReduceCopy ||
+                      s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend ||
+                      s.kind == StepKind::Copy;
+        if (writes) std::copy(result.begin(), result.end(), rank.output.begin() + s.dstOffset);
+        bool sends = s.kind == StepKind::Send || s.kind == StepKind::RecvReduceSend ||
+                     s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend;
+        if (sends) links[{r, s.sendPeer}].push_back(result);
+        ++rank.step;
+        moved = true;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r)
+    if (ranks[r].step < ranks[r].plan.steps.size())
+      return "deadlock: rank " + std::to_string(r) + " stuck at step " +
+             std::to_string(ranks[r].step);
+  for (auto& [link, queue] : links)
+    if (!queue.empty())
+      return "unreceived message from " + std::to_string(link.first) + " to " +
+             std::to_string(link.second);
+  return "";
+}
+
+int64_t valueOf(int rank, size_t index) {
+  return rank * 1000003 + static_cast<int64_t>(index) * 7 + 1;
+}
+
+Shape shapeOf(int n, int r, size_t count, size_t chunk) {
+  Shape s;
+  s.nranks = n;
+  s.rank = r;
+  s.count = count;
+  s.chunkElems = chunk;
+  s.alignElems = chunk >= 4 ? 4 : 1;
+  return s;
+}
+
+const std::vector<int> kRankCounts = {1, 2, 3, 4, 5, 7, 8, 13, 16, 31};
+const std::vector<size_t> kCounts = {0, 1, 2, 5, 17, 64, 1000};
+const std::vector<size_t> kChunks = {1, 4, 16, 1024};
+
+TEST(Plans, RingAllReduceSumsEverywhere) {
+  for (int n : kRankCounts)
+    for (size_t count : kCounts)
+      for (size_t chunk : kChunks) {
+        std::vector<SimRank> ranks(n);
+        for (int r = 0; r < n; ++r) {
+          ranks[r].plan = ringAllReduce(shapeOf(n, r, count, chunk));
+          for (size_t i = 0; i < count; ++i) ranks[r].input.push_back(valueOf(r, i));
+          ranks[r].output.assign(count, -1);
+        }
+        ASSERT_EQ(simulate(ranks), "") << n << " ranks, count " << count << ", chunk " << chunk;
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) {
+            int64_t want = 0;
+            for (int q = 0; q < n; ++q) want += valueOf(q, i);
+            ASSERT_EQ(ranks[r].output[i], want) << "rank " << r << " element " << i;
+          }
+      }
+}
+
+TEST(Plans, RingAllReduceSendsTwiceTheBufferTimesNMinusOneOverN) {
+  const int n = 5;
+  const size_t count = 1000;
+  Plan plan = ringAllReduce(shapeOf(n, 2, count, 1000));
+  size_t sent = 0;
+  for (const Step& s : plan.steps)
+    if (s.kind != StepKind::Recv && s.kind != StepKind::RecvReduceCopy) sent += s.count;
+  EXPECT_EQ(sent, 2 * (n - 1) * count / n);
+}
+
+TEST(Plans, RingAllGatherAndReduceScatterAreExact) {
+  for (int n : kRankCounts)
+    for (size_t count : kCounts)
+      for (size_t chunk : kChunks) {
+        std::vector<SimRank> gather(n), scatter(n);
+        for (int r = 0; r < n; ++r) {
+          gather[r].plan = ringAllGather(shapeOf(n, r, count, chunk));
+          for (size_t i = 0; i < count; ++i) gather[r].input.push_back(valueOf(r, i));
+          gather[r].output.assign(count * n, -1);
+          scatter[r].plan = ringReduceScatter(shapeOf(n, r, count, chunk));
+          for (size_t i = 0; i < count * n; ++i) scatter[r].input.push_back(valueOf(r, i));
+          scatter[r].output.assign(count, -1);
+        }
+        ASSERT_EQ(simulate(gather), "") << "all-gather at " << n << " ranks, count " << count;
+        ASSERT_EQ(simulate(scatter), "") << "reduce-scatter at " << n << " ranks, count " << count;
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) {
+            for (int b = 0; b < n; ++b) ASSERT_EQ(gather[r].output[b * count + i], valueOf(b, i));
+            int64_t want = 0;
+            for (int q = 0; q < n; ++q) want += valueOf(q, r * count + i);
+            ASSERT_EQ(scatter[r].output[i], want) << "rank " << r << " element " << i;
+          }
+      }
+}
+
+TEST(Plans, ChainBroadcastAndReduceFromEveryRoot) {
+  for (int n : kRankCounts)
+    for (int root = 0; root < n; root += (n > 4 ? 3 : 1))
+      for (size_t count : kCounts) {
+        std::vector<SimRank> bcast(n), red(n);
+        for (int r = 0; r < n; ++r) {
+          Shape shape = shapeOf(n, r, count, 16);
+          shape.root = root;
+          bcast[r].plan = chainBroadcast(shape);
+          red[r].plan = chainReduce(shape);
+          for (size_t i = 0; i < count; ++i) {
+            bcast[r].input.push_back(valueOf(r, i));
+            red[r].input.push_back(valueOf(r, i));
+          }
+          bcast[r].output.assign(count, -1);
+          red[r].output.assign(count, -1);
+        }
+        ASSERT_EQ(simulate(bcast), "") << "broadcast at " << n << " ranks from " << root;
+        ASSERT_EQ(simulate(red), "") << "reduce at " << n << " ranks to " << root;
+        for (size_t i = 0; i < count; ++i) {
+          int64_t want = 0;
+          for (int q = 0; q < n; ++q) want += valueOf(q, i);
+          ASSERT_EQ(red[root].output[i], want);
+          for (int r = 0; r < n; ++r) ASSERT_EQ(bcast[r].output[i], valueOf(root, i));
+        }
+      }
+}
+
+TEST(Plans, NoStepMovesMoreThanOneChunk) {
+  for (size_t chunk : {size_t{16}, size_t{1024}}) {
+    Shape shape = shapeOf(7, 3, 100000, chunk);
+    for (const Plan& plan : {ringAllReduce(shape), ringAllGather(shape), ringReduceScatter(shape),
+                             chainBroadcast(shape), chainReduce(shape)})
+      for (const Step& s : plan.steps)
+        if (s.kind != StepKind::Copy) {
+          ASSERT_LE(s.count, chunk);
+        }
+  }
+}
+
+}  // namespace
+}  // namespace braid::algo

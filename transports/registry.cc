@@ -1,0 +1,85 @@
+#include "transports/registry.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "braid/error.h"
+#include "core/errors.h"
+#include "transports/self/self_transport.h"
+#include "transports/tcp/tcp_transport.h"
+
+namespace braid::transport {
+namespace {
+
+std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// Whether `name` can carry traffic between this rank and `peer`. The answer
+// must be the same seen from both ends.
+bool canReach(const std::string& name, const bootstrap::Bootstrap&, int) {
+  return name == "tcp";  // tcp reaches every peer that the bootstrap reached
+}
+
+}  // namespace
+
+std::vector<std::string> builtTransports() { return {"self", "tcp"}; }
+
+Wiring wireUp(const Setup& setup, const std::string& preference) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const int rank = bootstrap.rank();
+  const int nranks = bootstrap.size();
+  std::vector<std::string> order = splitList(preference);
+  if (order.empty()) order = {"tcp"};
+  const std::vector<std::string> built = builtTransports();
+  for (const std::string& name : order) {
+    if (std::find(built.begin(), built.end(), name) == built.end() || name == "self")
+      fail(ErrorCode::InvalidArgument, rank,
+           format("BRAID_TRANSPORT names '%s', which is not a transport built into this "
+                  "library (built: tcp)",
+                  name.c_str()));
+  }
+
+  Wiring wiring;
+  wiring.connections.assign(nranks, nullptr);
+  wiring.names.assign(nranks, "");
+  std::vector<std::vector<int>> peersOf(order.size());
+  for (int peer = 0; peer < nranks; ++peer) {
+    if (peer == rank) continue;
+    size_t choice = 0;
+    while (choice < order.size() && !canReach(order[choice], bootstrap, peer)) ++choice;
+    if (choice == order.size())
+      fail(ErrorCode::InvalidArgument, rank,
+           format("BRAID_TRANSPORT '%s' has no transport that reaches peer %d", preference.c_str(),
+                  peer));
+    peersOf[choice].push_back(peer);
+  }
+
+  // Transports are created in the same order on every rank.
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (peersOf[i].empty()) continue;
+    std::unique_ptr<Transport> created;
+    if (order[i] == "tcp")
+      created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
+    for (int peer : peersOf[i]) {
+      wiring.connections[peer] = &created->connection(peer);
+      wiring.names[peer] = created->name();
+    }
+    wiring.transports.push_back(std::move(created));
+  }
+  auto loopback = self::create(rank, setup.slotBytes, setup.slots);
+  wiring.connections[rank] = &loopback->connection(rank);
+  wiring.names[rank] = loopback->name();
+  wiring.transports.push_back(std::move(loopback));
+  return wiring;
+}
+
+}  // namespace braid::transport

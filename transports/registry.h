@@ -1,0 +1,36 @@
+// Creates the transports a communicator uses and decides which one serves
+// each peer. The only code outside transports/ that knows them by name.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "transports/transport.h"
+
+namespace braid::transport {
+
+struct Setup {
+  bootstrap::Bootstrap& bootstrap;  // the communicator's; used for connection set-up
+  size_t slotBytes;
+  int slots;
+  net::Deadline deadline;
+};
+
+// Every peer's connection and the transports that own them.
+struct Wiring {
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<Connection*> connections;  // indexed by rank; this rank's is "self"
+  std::vector<std::string> names;        // transport name per rank
+};
+
+// Collective over the communicator. `preference` is an ordered comma list
+// ("tcp", "shm,tcp") or empty for the automatic choice. Throws
+// Error(InvalidArgument) naming BRAID_TRANSPORT for an unknown or unbuilt
+// transport, or one that cannot reach some peer.
+Wiring wireUp(const Setup& setup, const std::string& preference);
+
+std::vector<std::string> builtTransports();
+
+}  // namespace braid::transport

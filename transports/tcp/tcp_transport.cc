@@ -1,0 +1,248 @@
+#include "transports/tcp/tcp_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "braid/error.h"
+#include "core/errors.h"
+#include "core/log.h"
+
+namespace braid::transport::tcp {
+namespace {
+
+constexpr uint32_t kPurpose = static_cast<uint32_t>(bootstrap::Purpose::kTransportBase) + 0;
+
+struct FrameHeader {
+  uint32_t bytes;
+  uint32_t tag;
+};
+
+class TcpConnection final : public Connection {
+ public:
+  TcpConnection(net::Socket socket, int peer, size_t slotBytes, int slots)
+      : socket_(std::move(socket)),
+        peer_(peer),
+        slotBytes_(slotBytes),
+        slots_(static_cast<size_t>(slots)),
+        sendMemory_(slotBytes * slots),
+        sendHeaders_(slots),
+        recvMemory_(slotBytes * slots),
+        recvMessages_(slots),
+        iov_(2 * slots) {
+    socket_.setNonBlocking(true);
+    socket_.setNoDelay();
+  }
+
+  size_t slotBytes() const override { return slotBytes_; }
+
+  std::byte* sendSlot() override {
+    if (sendPosted_ - sendWritten_ == slots_) return nullptr;
+    return sendMemory_.data() + (sendPosted_ % slots_) * slotBytes_;
+  }
+  void postSend(uint32_t bytes, uint32_t tag) override {
+    sendHeaders_[sendPosted_ % slots_] = {bytes, tag};
+    ++sendPosted_;
+  }
+  bool flushed() const override { return sendWritten_ == sendPosted_; }
+
+  const Message* peekRecv() override {
+    return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];
+  }
+  void releaseRecv() override { ++recvRead_; }
+
+  int fd() const { return socket_.fd(); }
+  int peer() const { return peer_; }
+  bool wantsToSend() const { return sendWritten_ != sendPosted_; }
+  bool canReceive() const { return recvFilled_ - recvRead_ < slots_; }
+
+  // Writes as many posted frames as the socket takes. Returns true if any
+  // byte left.
+  bool pumpSend() {
+    if (!wantsToSend()) return false;
+    size_t count = 0;
+    size_t skip = sendOffset_;
+    for (size_t m = sendWritten_; m != sendPosted_; ++m) {
+      FrameHeader& header = sendHeaders_[m % slots_];
+      std::byte* payload = sendMemory_.data() + (m % slots_) * slotBytes_;
+      addIov(count, reinterpret_cast<std::byte*>(&header), sizeof(header), skip);
+      addIov(count, payload, header.bytes, skip);
+    }
+    msghdr message{};
+    message.msg_iov = iov_.data();
+    message.msg_iovlen = count;
+    ssize_t sent = ::sendmsg(socket_.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+      failPeer(format("sending to peer %d failed: %s", peer_, std::strerror(errno)));
+    }
+    size_t left = static_cast<size_t>(sent) + sendOffset_;
+    while (sendWritten_ != sendPosted_) {
+      size_t frame = sizeof(FrameHeader) + sendHeaders_[sendWritten_ % slots_].bytes;
+      if (left < frame) break;
+      left -= frame;
+      ++sendWritten_;
+    }
+    sendOffset_ = left;
+    return sent > 0;
+  }
+
+  // Reads frames into free receive slots. Returns true if any byte arrived.
+  bool pumpRecv() {
+    bool moved = false;
+    while (canReceive()) {
+      if (headerRead_ < sizeof(FrameHeader)) {
+        ssize_t got = readSome(reinterpret_cast<std::byte*>(&header_) + headerRead_,
+                               sizeof(FrameHeader) - headerRead_);
+        if (got <= 0) return moved;
+        moved = true;
+        headerRead_ += got;
+        if (headerRead_ < sizeof(FrameHeader)) continue;
+        if (header_.bytes > slotBytes_)
+          failPeer(format("peer %d sent a %u-byte frame, larger than a %zu-byte slot", peer_,
+                          header_.bytes, slotBytes_));
+        payloadRead_ = 0;
+      }
+      std::byte* slot = recvMemory_.data() + (recvFilled_ % slots_) * slotBytes_;
+      if (payloadRead_ < header_.bytes) {
+        ssize_t got = readSome(slot + payloadRead_, header_.bytes - payloadRead_);
+        if (got <= 0) return moved;
+        moved = true;
+        payloadRead_ += got;
+        if (payloadRead_ < header_.bytes) continue;
+      }
+      recvMessages_[recvFilled_ % slots_] = {slot, header_.bytes, header_.tag};
+      ++recvFilled_;
+      headerRead_ = 0;
+    }
+    return moved;
+  }
+
+  [[noreturn]] void failPeer(const std::string& why) {
+    failure_ = why;
+    throw Error(ErrorCode::RemoteError, why);
+  }
+  const std::string& failure() const { return failure_; }
+
+ private:
+  void addIov(size_t& count, std::byte* base, size_t length, size_t& skip) {
+    if (skip >= length) {
+      skip -= length;
+      return;
+    }
+    iov_[count].iov_base = base + skip;
+    iov_[count].iov_len = length - skip;
+    skip = 0;
+    ++count;
+  }
+
+  // recv() that returns 0 when nothing is there yet and throws when the
+  // peer went away.
+  ssize_t readSome(std::byte* into, size_t length) {
+    ssize_t got = ::recv(socket_.fd(), into, length, MSG_DONTWAIT);
+    if (got > 0) return got;
+    if (got == 0) failPeer(format("peer %d closed the connection", peer_));
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    failPeer(format("receiving from peer %d failed: %s", peer_, std::strerror(errno)));
+  }
+
+  net::Socket socket_;
+  int peer_;
+  size_t slotBytes_;
+  size_t slots_;
+
+  // Send FIFO: slots [sendWritten_, sendPosted_) are posted and not yet
+  // fully written; sendOffset_ bytes of the first one are already out.
+  std::vector<std::byte> sendMemory_;
+  std::vector<FrameHeader> sendHeaders_;
+  size_t sendPosted_ = 0;
+  size_t sendWritten_ = 0;
+  size_t sendOffset_ = 0;
+
+  // Receive FIFO: slots [recvRead_, recvFilled_) hold unread messages; the
+  // frame being read goes to slot recvFilled_.
+  std::vector<std::byte> recvMemory_;
+  std::vector<Message> recvMessages_;
+  size_t recvRead_ = 0;
+  size_t recvFilled_ = 0;
+  FrameHeader header_{};
+  size_t headerRead_ = 0;
+  size_t payloadRead_ = 0;
+
+  std::vector<iovec> iov_;  // preallocated: no allocation per send
+  std::string failure_;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int nranks) : byRank_(nranks, nullptr) {}
+
+  void add(std::unique_ptr<TcpConnection> connection) {
+    byRank_[connection->peer()] = connection.get();
+    pollFds_.push_back({connection->fd(), 0, 0});
+    connections_.push_back(std::move(connection));
+  }
+
+  const char* name() const override { return "tcp"; }
+  Connection& connection(int peer) override { return *byRank_[peer]; }
+
+  bool progress() override {
+    bool moved = false;
+    for (auto& connection : connections_) {
+      if (!connection->failure().empty())
+        throw Error(ErrorCode::RemoteError, connection->failure());
+      moved |= connection->pumpSend();
+      moved |= connection->pumpRecv();
+    }
+    return moved;
+  }
+
+  void waitForActivity(Clock::time_point until) override {
+    bool any = false;
+    for (size_t i = 0; i < connections_.size(); ++i) {
+      short events = 0;
+      if (connections_[i]->wantsToSend()) events |= POLLOUT;
+      if (connections_[i]->canReceive()) events |= POLLIN;
+      pollFds_[i].events = events;
+      pollFds_[i].revents = 0;
+      any |= events != 0;
+    }
+    if (!any) return;
+    auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+    if (wait.count() <= 0) return;
+    timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
+                     static_cast<long>(wait.count() % 1000000000)};
+    ::ppoll(pollFds_.data(), pollFds_.size(), &timeout, nullptr);
+  }
+
+ private:
+  std::vector<std::unique_ptr<TcpConnection>> connections_;
+  std::vector<TcpConnection*> byRank_;
+  std::vector<pollfd> pollFds_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  size_t slotBytes, int slots, net::Deadline deadline) {
+  auto transport = std::make_unique<TcpTransport>(bootstrap.size());
+  const int rank = bootstrap.rank();
+  // Connect upwards first, then accept from below: a connect completes in
+  // the listener's backlog, so no pair waits on the other.
+  std::vector<std::pair<int, net::Socket>> sockets;
+  for (int peer : peers)
+    if (peer > rank) sockets.emplace_back(peer, bootstrap.connectTo(peer, kPurpose, deadline));
+  for (int peer : peers)
+    if (peer < rank) sockets.emplace_back(peer, bootstrap.acceptFrom(peer, kPurpose, deadline));
+  for (auto& [peer, socket] : sockets) {
+    BRAID_DEBUG(Tcp, "connected to peer %d (%s)", peer, socket.peerAddress().toString().c_str());
+    transport->add(std::make_unique<TcpConnection>(std::move(socket), peer, slotBytes, slots));
+  }
+  return transport;
+}
+
+}  // namespace braid::transport::tcp

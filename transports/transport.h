@@ -1,0 +1,75 @@
+// The transport interface: transports only move bytes.
+//
+// A Connection joins this rank to one peer. Each direction is a FIFO of
+// fixed-size slots that the receiver can read: the executor writes a message
+// straight into the next free send slot and posts it; on the other side it
+// reads the message in place from the oldest filled receive slot and
+// releases it. How a posted slot reaches the peer's receive slot is the
+// transport's business: a socket write and a receive path (tcp), a slot that
+// already is in shared memory (shm), an RDMA write into registered memory
+// (verbs), a device-to-device copy (CUDA IPC, NVLink). Every message carries
+// a 32-bit tag (the op's sequence number) so a mismatched collective is
+// caught instead of silently combining the wrong data.
+//
+// Threading: a Transport and its connections are used by one thread at a
+// time (the communicator's executor serializes them).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace braid::transport {
+
+using Clock = std::chrono::steady_clock;
+
+struct Message {
+  const std::byte* data = nullptr;
+  uint32_t bytes = 0;
+  uint32_t tag = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Capacity of one slot; every message is at most this long.
+  virtual size_t slotBytes() const = 0;
+
+  // The next free send slot, or nullptr while every slot is in flight.
+  // Calling it again before postSend() returns the same slot.
+  virtual std::byte* sendSlot() = 0;
+  // Publishes the slot last returned by sendSlot() as a message.
+  virtual void postSend(uint32_t bytes, uint32_t tag) = 0;
+
+  // The oldest unread message, or nullptr when none has arrived.
+  virtual const Message* peekRecv() = 0;
+  // Frees the message returned by peekRecv().
+  virtual void releaseRecv() = 0;
+
+  // True when every posted message has left this rank's hands: the peer will
+  // receive it without this rank doing anything more.
+  virtual bool flushed() const = 0;
+};
+
+// One transport instance per communicator; it owns its connections.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+
+  // The connection to `peer`; REQUIRES: this transport serves that peer.
+  virtual Connection& connection(int peer) = 0;
+
+  // Moves bytes on every connection without blocking. Returns true if
+  // anything moved. Throws Error(RemoteError) naming the peer when a
+  // connection failed; the failure is sticky.
+  virtual bool progress() = 0;
+
+  // Blocks until progress() might move something, or until `until`.
+  virtual void waitForActivity(Clock::time_point until) = 0;
+};
+
+}  // namespace braid::transport
