@@ -3,7 +3,10 @@
 // fp16, bf16 and fp8 operands are widened to fp32, combined, and rounded back
 // to nearest even. fp8 conversions saturate to the largest finite value (E4M3
 // has no infinity; E5M2 keeps an infinite input infinite). Integer Sum and
-// Prod wrap modulo 2^bits; floating-point Max/Min propagate NaN.
+// Prod wrap modulo 2^bits; floating-point Max/Min propagate NaN and order -0
+// below +0 (IEEE 754-2019 maximum/minimum), so only which NaN comes back can
+// depend on operand order. The narrow-float conversions ignore the dynamic
+// rounding mode.
 #pragma once
 
 #include <cstddef>
@@ -17,11 +20,14 @@ namespace braid::reduce {
 // (exactly, not partially). Avg combines like Sum; finalize() divides.
 using Kernel = void (*)(void* dst, const void* a, const void* b, size_t count);
 
-// The kernel for (type, op). REQUIRES: isValid(type) && isValid(op).
+// The kernel for (type, op), from a static table. REQUIRES: isValid(type) &&
+// isValid(op) (an out-of-range value gets nullptr).
 Kernel kernelFor(DataType type, ReduceOp op);
 
 // The last step of a reduction: for Avg, dst[i] = dst[i] / divisor
-// (integers truncate toward zero); for every other op, nothing.
+// (integers truncate toward zero; narrow floats divide in fp32 and round
+// once); for every other op, nothing. REQUIRES: divisor >= 1 (a smaller one
+// leaves dst unchanged rather than dividing by zero).
 void finalize(void* dst, size_t count, DataType type, ReduceOp op, int divisor);
 
 // Conversions for the narrow floating-point types (round to nearest even).
