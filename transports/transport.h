@@ -52,6 +52,12 @@ class Connection {
   // True when every posted message has left this rank's hands: the peer will
   // receive it without this rank doing anything more.
   virtual bool flushed() const = 0;
+
+  // True once the peer closed its end and every message it sent was read:
+  // nothing more will arrive. A peer that finished its part of the last op
+  // and destroyed its communicator looks like this, so it is an error only
+  // for an op that still waits for that peer.
+  virtual bool peerClosed() const = 0;
 };
 
 // One transport instance per communicator; it owns its connections.

@@ -110,7 +110,14 @@ bool Executor::advance(Lane& lane) {
     const transport::Message* message = nullptr;
     if (in) {
       message = in->peekRecv();
-      if (!message) break;
+      if (!message) {
+        if (in->peerClosed())
+          fail(ErrorCode::RemoteError, rank_,
+               format("%s: peer %d closed its connection while this rank waits for its data (the "
+                      "peer exited, failed or destroyed its communicator)",
+                      lane.info->describe().c_str(), step.recvPeer));
+        break;
+      }
       if (message->bytes != piece || message->tag != lane.tag)
         fail(ErrorCode::Internal, rank_,
              format("%s: peer %d sent a %u-byte message with tag %u where this rank expected "

@@ -29,6 +29,7 @@ class Loopback final : public Connection {
   }
   void releaseRecv() override { ++head_; }
   bool flushed() const override { return true; }
+  bool peerClosed() const override { return false; }
 
  private:
   size_t slotBytes_;

@@ -49,6 +49,7 @@ class TcpConnection final : public Connection {
     ++sendPosted_;
   }
   bool flushed() const override { return sendWritten_ == sendPosted_; }
+  bool peerClosed() const override { return closed_ && recvRead_ == recvFilled_; }
 
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];
@@ -57,8 +58,9 @@ class TcpConnection final : public Connection {
 
   int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
+  bool closed() const { return closed_; }
   bool wantsToSend() const { return sendWritten_ != sendPosted_; }
-  bool canReceive() const { return recvFilled_ - recvRead_ < slots_; }
+  bool canReceive() const { return !closed_ && recvFilled_ - recvRead_ < slots_; }
 
   // Writes as many posted frames as the socket takes. Returns true if any
   // byte left.
@@ -140,12 +142,18 @@ class TcpConnection final : public Connection {
     ++count;
   }
 
-  // recv() that returns 0 when nothing is there yet and throws when the
-  // peer went away.
+  // recv() that returns 0 when nothing is there yet. The peer closing its
+  // end between frames is noted, not an error (it may simply be done);
+  // closing in the middle of a frame, or a reset, is an error.
   ssize_t readSome(std::byte* into, size_t length) {
     ssize_t got = ::recv(socket_.fd(), into, length, MSG_DONTWAIT);
     if (got > 0) return got;
-    if (got == 0) failPeer(format("peer %d closed the connection", peer_));
+    if (got == 0) {
+      if (headerRead_ > 0)
+        failPeer(format("peer %d closed the connection in the middle of a message", peer_));
+      closed_ = true;
+      return 0;
+    }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     failPeer(format("receiving from peer %d failed: %s", peer_, std::strerror(errno)));
   }
@@ -173,6 +181,7 @@ class TcpConnection final : public Connection {
   size_t headerRead_ = 0;
   size_t payloadRead_ = 0;
 
+  bool closed_ = false;     // the peer closed its end
   std::vector<iovec> iov_;  // preallocated: no allocation per send
   std::string failure_;
 };
@@ -207,6 +216,10 @@ class TcpTransport final : public Transport {
       short events = 0;
       if (connections_[i]->wantsToSend()) events |= POLLOUT;
       if (connections_[i]->canReceive()) events |= POLLIN;
+      // A closed peer's socket reports POLLHUP forever: leave it out unless
+      // there is still something to write (which then fails loudly).
+      pollFds_[i].fd =
+          connections_[i]->closed() && !(events & POLLOUT) ? -1 : connections_[i]->fd();
       pollFds_[i].events = events;
       pollFds_[i].revents = 0;
       any |= events != 0;

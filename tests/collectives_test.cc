@@ -1,0 +1,180 @@
+// Every collective against the independent reference of reference.h, over
+// real ranks (forked processes) meeting through a UniqueId.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "multirank.h"
+#include "reference.h"
+
+namespace braid::testing {
+namespace {
+
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter };
+
+const char* collName(Coll c) {
+  static const char* const kNames[] = {"allReduce", "broadcast", "reduce", "allGather",
+                                       "reduceScatter"};
+  return kNames[static_cast<int>(c)];
+}
+
+const std::vector<DataType> kAllTypes = {
+    DataType::Int8,    DataType::Uint8,    DataType::Int32,      DataType::Uint32,
+    DataType::Int64,   DataType::Uint64,   DataType::Float16,    DataType::Float32,
+    DataType::Float64, DataType::BFloat16, DataType::Float8E4M3, DataType::Float8E5M2};
+const std::vector<ReduceOp> kAllOps = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min,
+                                       ReduceOp::Avg};
+const std::vector<size_t> kSmallCounts = {0, 1, 7, 1023, (1 << 16) + 3};
+const size_t kLargeCount = (1 << 20) + 3;
+
+struct Case {
+  Coll coll;
+  DataType type;
+  ReduceOp op;
+  size_t count;  // per rank for all-gather and reduce-scatter
+  bool inPlace;
+  int root;
+};
+
+std::string label(const Case& c, int nranks) {
+  return std::string(collName(c.coll)) + " " + dataTypeName(c.type) + " " + reduceOpName(c.op) +
+         " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
+         " root " + std::to_string(c.root) + " at " + std::to_string(nranks) + " ranks: ";
+}
+
+// Runs one case on this rank and checks its result; "" when right.
+std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t size = dataTypeSize(c.type);
+  auto at = [&](std::vector<std::byte>& v, size_t element) { return v.data() + element * size; };
+  std::string problem;
+  switch (c.coll) {
+    case Coll::AllReduce: {
+      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
+      void* out = c.inPlace ? send.data() : recv.data();
+      comm.allReduce(send.data(), out, c.count, c.type, c.op);
+      problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out);
+      if (problem.empty() && !c.inPlace)
+        problem = checkCopied(c.type, c.op, seed, r, 0, c.count, send.data());
+      break;
+    }
+    case Coll::Broadcast: {
+      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      if (r == c.root)
+        fillInput(c.type, c.op, seed, r, 0, c.count, c.inPlace ? recv.data() : send.data());
+      const void* in = c.inPlace ? recv.data() : (r == c.root ? send.data() : nullptr);
+      comm.broadcast(in, recv.data(), c.count, c.type, c.root);
+      problem = checkCopied(c.type, c.op, seed, c.root, 0, c.count, recv.data());
+      break;
+    }
+    case Coll::Reduce: {
+      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
+      void* out = c.inPlace ? send.data() : (r == c.root ? recv.data() : nullptr);
+      comm.reduce(send.data(), out, c.count, c.type, c.op, c.root);
+      if (r == c.root) problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out);
+      break;
+    }
+    case Coll::AllGather: {
+      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count * n);
+      void* in = c.inPlace ? at(recv, r * c.count) : send.data();
+      fillInput(c.type, c.op, seed, r, 0, c.count, in);
+      comm.allGather(in, recv.data(), c.count, c.type);
+      for (int b = 0; b < n && problem.empty(); ++b)
+        problem = checkCopied(c.type, c.op, seed, b, 0, c.count, at(recv, b * c.count));
+      break;
+    }
+    case Coll::ReduceScatter: {
+      std::vector<std::byte> send = poisoned(c.type, c.count * n), recv = poisoned(c.type, c.count);
+      fillInput(c.type, c.op, seed, r, 0, c.count * n, send.data());
+      void* out = c.inPlace ? at(send, r * c.count) : recv.data();
+      comm.reduceScatter(send.data(), out, c.count, c.type, c.op);
+      problem = checkReduced(c.type, c.op, seed, n, r * c.count, c.count, out);
+      break;
+    }
+  }
+  return problem.empty() ? "" : label(c, n) + problem;
+}
+
+bool reduces(Coll c) {
+  return c == Coll::AllReduce || c == Coll::Reduce || c == Coll::ReduceScatter;
+}
+
+// Runs every combination on `nranks` ranks, in the same order on each.
+void sweep(int nranks, Coll coll, const std::vector<DataType>& types,
+           const std::vector<ReduceOp>& ops, const std::vector<size_t>& counts,
+           const std::vector<int>& roots = {0}) {
+  runRanks(nranks, [&](Communicator& comm) {
+    uint64_t seed = 1;
+    for (DataType type : types)
+      for (ReduceOp op : reduces(coll) ? ops : std::vector<ReduceOp>{ReduceOp::Sum})
+        for (size_t count : counts)
+          for (int root : roots)
+            for (bool inPlace : {false, true}) {
+              std::string problem = runCase(comm, {coll, type, op, count, inPlace, root}, ++seed);
+              require(problem.empty(), problem);
+            }
+  });
+}
+
+const std::vector<DataType> kCommonTypes = {DataType::Int32, DataType::Float32, DataType::BFloat16,
+                                            DataType::Float8E5M2};
+const std::vector<ReduceOp> kCommonOps = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg};
+
+TEST(AllReduce, EveryTypeAndOpMatchesReferenceAt3Ranks) {
+  sweep(3, Coll::AllReduce, kAllTypes, kAllOps, kSmallCounts);
+}
+TEST(AllReduce, LargeBuffersMatchReferenceAt3Ranks) {
+  sweep(3, Coll::AllReduce, {DataType::Int8, DataType::Float32, DataType::Float16}, kAllOps,
+        {kLargeCount});
+}
+TEST(AllReduce, MatchesReferenceAt2Ranks) {
+  sweep(2, Coll::AllReduce, kCommonTypes, kCommonOps, {0, 1, 7, 1023, kLargeCount});
+}
+TEST(AllReduce, MatchesReferenceAt5Ranks) {
+  sweep(5, Coll::AllReduce, kCommonTypes, kCommonOps, {0, 1, 7, 1023, kLargeCount});
+}
+TEST(AllReduce, MatchesReferenceAt8Ranks) {
+  sweep(8, Coll::AllReduce, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum, ReduceOp::Prod},
+        {0, 1, 7, 1023, kLargeCount});
+}
+
+TEST(Broadcast, EveryTypeFromEveryRootAt3Ranks) {
+  sweep(3, Coll::Broadcast, kAllTypes, {}, kSmallCounts, {0, 1, 2});
+}
+TEST(Broadcast, MatchesReferenceAt2And5And8Ranks) {
+  sweep(2, Coll::Broadcast, {DataType::Float32}, {}, {0, 1, 7, 1023, kLargeCount}, {0, 1});
+  sweep(5, Coll::Broadcast, {DataType::Uint8, DataType::Float64}, {}, {1, 7, 1023, kLargeCount},
+        {0, 3});
+  sweep(8, Coll::Broadcast, {DataType::Int64}, {}, {1, 1023, kLargeCount}, {5});
+}
+
+TEST(Reduce, EveryTypeOpAndRootAt3Ranks) {
+  sweep(3, Coll::Reduce, kAllTypes, kAllOps, {0, 1, 7, 1023, 4099}, {0, 1, 2});
+}
+TEST(Reduce, MatchesReferenceAt2And5And8Ranks) {
+  sweep(2, Coll::Reduce, kCommonTypes, kCommonOps, {1, 1023, kLargeCount}, {1});
+  sweep(5, Coll::Reduce, kCommonTypes, kCommonOps, {1, 7, 1023, kLargeCount}, {0, 4});
+  sweep(8, Coll::Reduce, {DataType::Float32}, {ReduceOp::Sum}, {1, 1023, kLargeCount}, {6});
+}
+
+TEST(AllGather, EveryTypeAt3Ranks) { sweep(3, Coll::AllGather, kAllTypes, {}, kSmallCounts); }
+TEST(AllGather, MatchesReferenceAt2And5And8Ranks) {
+  sweep(2, Coll::AllGather, kCommonTypes, {}, {0, 1, 7, 1023, kLargeCount});
+  sweep(5, Coll::AllGather, kCommonTypes, {}, {0, 1, 7, 1023, kLargeCount / 4});
+  sweep(8, Coll::AllGather, {DataType::Float32}, {}, {1, 7, 1023, kLargeCount / 8});
+}
+
+TEST(ReduceScatter, EveryTypeAndOpAt3Ranks) {
+  sweep(3, Coll::ReduceScatter, kAllTypes, kAllOps, kSmallCounts);
+}
+TEST(ReduceScatter, MatchesReferenceAt2And5And8Ranks) {
+  sweep(2, Coll::ReduceScatter, kCommonTypes, kCommonOps, {0, 1, 7, 1023, kLargeCount});
+  sweep(5, Coll::ReduceScatter, kCommonTypes, kCommonOps, {0, 1, 7, 1023, kLargeCount / 4});
+  sweep(8, Coll::ReduceScatter, {DataType::Float32}, {ReduceOp::Sum},
+        {1, 7, 1023, kLargeCount / 8});
+}
+
+}  // namespace
+}  // namespace braid::testing

@@ -1,0 +1,225 @@
+// The communicator beyond the collectives' arithmetic: point-to-point,
+// groups, split, async work, bad arguments, ranks that never arrive.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <vector>
+
+#include "multirank.h"
+
+namespace braid::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+// Runs `call`, which must throw braid::Error with `code` and a message that
+// contains `needle`.
+template <typename Call>
+void requireError(Call call, ErrorCode code, const std::string& needle) {
+  try {
+    call();
+  } catch (const Error& error) {
+    require(error.code() == code, std::string("wrong error code for: ") + error.what());
+    require(std::string(error.what()).find(needle) != std::string::npos,
+            "message '" + std::string(error.what()) + "' does not mention '" + needle + "'");
+    return;
+  }
+  throw RankFailure{"expected an error mentioning '" + needle + "', got none"};
+}
+
+// A 4-element all-reduce that must still work.
+void requireUsable(Communicator& comm) {
+  std::vector<int32_t> in(4, comm.rank() + 1), out(4, 0);
+  comm.allReduce(in.data(), out.data(), 4, DataType::Int32, ReduceOp::Sum);
+  int32_t want = comm.size() * (comm.size() + 1) / 2;
+  for (int32_t v : out) require(v == want, "all-reduce after a rejected call is wrong");
+}
+
+TEST(SendRecv, RingOfGroupedSendsAndReceivesAt5Ranks) {
+  runRanks(5, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{3} << 20}) {
+      std::vector<int32_t> out(count), in(count, -1);
+      std::iota(out.begin(), out.end(), r * 100);
+      comm.groupStart();
+      comm.send(out.data(), count, DataType::Int32, (r + 1) % n);
+      comm.recv(in.data(), count, DataType::Int32, (r + n - 1) % n);
+      comm.groupEnd();
+      int from = (r + n - 1) % n;
+      for (size_t i = 0; i < count; ++i)
+        require(in[i] == static_cast<int32_t>(from * 100 + i), "wrong element from the ring");
+    }
+  });
+}
+
+TEST(SendRecv, PairsExchangeInOrderWithoutGroupsAt4Ranks) {
+  runRanks(4, [](Communicator& comm) {
+    const int r = comm.rank(), peer = r ^ 1;
+    std::vector<double> mine(50000, r + 0.5), theirs(50000, -1);
+    for (int round = 0; round < 3; ++round) {
+      if (r % 2 == 0) {
+        comm.send(mine.data(), mine.size(), DataType::Float64, peer);
+        comm.recv(theirs.data(), theirs.size(), DataType::Float64, peer);
+      } else {
+        comm.recv(theirs.data(), theirs.size(), DataType::Float64, peer);
+        comm.send(mine.data(), mine.size(), DataType::Float64, peer);
+      }
+      for (double v : theirs) require(v == peer + 0.5, "wrong value from the pair");
+    }
+  });
+}
+
+TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {
+  runRanks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const size_t count = 300000;  // larger than a connection's FIFO
+    std::vector<std::vector<int64_t>> out(n), in(n);
+    comm.groupStart();
+    for (int p = 0; p < n; ++p) {
+      out[p].assign(count, r * 10 + p);
+      in[p].assign(count, -1);
+      comm.send(out[p].data(), count, DataType::Int64, p);
+      comm.recv(in[p].data(), count, DataType::Int64, p);
+    }
+    comm.groupEnd();
+    for (int p = 0; p < n; ++p)
+      for (int64_t v : in[p]) require(v == p * 10 + r, "wrong all-to-all element");
+  });
+}
+
+TEST(Split, TwoSubCommunicatorsRunAtTheSameTime) {
+  runRanks(4, [](Communicator& comm) {
+    const int r = comm.rank();
+    Communicator half = comm.split(r % 2, -r);  // keys reverse the order
+    require(half.size() == 2, "each half has two ranks");
+    require(half.rank() == (r < 2 ? 1 : 0), "ranks are ordered by key");
+    std::vector<float> in(100000, static_cast<float>(r)), out(100000);
+    for (int i = 0; i < 3; ++i) {
+      half.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+      float want = r % 2 == 0 ? 0 + 2 : 1 + 3;
+      for (float v : out) require(v == want, "wrong sum in the half");
+    }
+    Communicator none = comm.split(r == 0 ? -1 : 0, 0);
+    require(none.valid() == (r != 0), "a negative color gives an empty handle");
+    if (none.valid()) require(none.size() == 3, "the others form a 3-rank communicator");
+    requireUsable(comm);
+  });
+}
+
+TEST(AsyncWork, AsyncAndInlineOpsRunInIssueOrder) {
+  runRanks(3, [](Communicator& comm) {
+    std::vector<std::vector<int32_t>> bufs(8, std::vector<int32_t>(20000));
+    std::vector<Work> works;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      std::fill(bufs[i].begin(), bufs[i].end(), static_cast<int32_t>(i + comm.rank()));
+      works.push_back(comm.allReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(),
+                                     DataType::Int32, ReduceOp::Sum, Stream::async()));
+    }
+    requireUsable(comm);  // inline: waits for the queued ops first
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      require(works[i].test(), "queued work is complete after a later inline op");
+      works[i].wait();
+      for (int32_t v : bufs[i]) require(v == static_cast<int32_t>(3 * i + 3), "wrong async sum");
+    }
+    comm.barrier(Stream::async()).wait();
+  });
+}
+
+TEST(BadInput, IsRejectedWithTheArgumentNamedAndTheCommunicatorStaysUsable) {
+  runRanks(3, [](Communicator& comm) {
+    std::vector<float> buf(16, 1.0f);
+    float* p = buf.data();
+    requireError([&] { comm.allReduce(nullptr, p, 16, DataType::Float32, ReduceOp::Sum); },
+                 ErrorCode::InvalidArgument, "'send' is null");
+    requireError([&] { comm.allReduce(p, nullptr, 16, DataType::Float32, ReduceOp::Sum); },
+                 ErrorCode::InvalidArgument, "'recv' is null");
+    requireError([&] { comm.broadcast(p, p, 16, DataType::Float32, 3); },
+                 ErrorCode::InvalidArgument, "'root' is 3");
+    requireError([&] { comm.reduce(p, p, 16, DataType::Float32, ReduceOp::Sum, -1); },
+                 ErrorCode::InvalidArgument, "'root' is -1");
+    requireError([&] { comm.send(p, 16, DataType::Float32, 7); }, ErrorCode::InvalidArgument,
+                 "'peer' is 7");
+    requireError([&] { comm.recv(p, 16, DataType::Float32, -2); }, ErrorCode::InvalidArgument,
+                 "'peer' is -2");
+    requireError([&] { comm.allReduce(p, p, 16, static_cast<DataType>(42), ReduceOp::Sum); },
+                 ErrorCode::InvalidArgument, "'type' (42)");
+    requireError([&] { comm.allReduce(p, p, 16, DataType::Float32, static_cast<ReduceOp>(9)); },
+                 ErrorCode::InvalidArgument, "'op' (9)");
+    requireError([&] { comm.allReduce(p, p, SIZE_MAX / 2, DataType::Float64, ReduceOp::Sum); },
+                 ErrorCode::InvalidArgument, "'count'");
+    requireError([&] { comm.allGather(p, p, SIZE_MAX / 4, DataType::Float32); },
+                 ErrorCode::InvalidArgument, "'sendCount'");
+    requireError([&] { comm.groupEnd(); }, ErrorCode::InvalidUsage, "groupEnd");
+    requireUsable(comm);
+    // count 0 with null buffers is legal and does nothing.
+    comm.allReduce(nullptr, nullptr, 0, DataType::Float32, ReduceOp::Sum);
+    requireUsable(comm);
+  });
+}
+
+TEST(Init, MissingRankTimesOutNamingIt) {
+  RunOptions options;
+  options.config.timeout = milliseconds(1500);
+  options.absent = {3};
+  options.deadline = std::chrono::seconds(20);
+  runProcesses(
+      4,
+      [](int rank, const UniqueId& id, const Config& config) {
+        auto start = steady_clock::now();
+        requireError([&] { Communicator::init(4, rank, id, config); }, ErrorCode::Timeout,
+                     "rank(s) 3");
+        auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+        require(took < milliseconds(2500),
+                "init took " + std::to_string(took.count()) + " ms to time out");
+      },
+      options);
+}
+
+TEST(Init, RejectsBadRankAndSize) {
+  UniqueId id = Communicator::newUniqueId(RunOptions::loopbackConfig());
+  try {
+    Communicator::init(2, 2, id);
+    FAIL() << "rank 2 of 2 accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("'rank'"), std::string::npos) << error.what();
+  }
+  try {
+    Communicator::init(0, 0, id);
+    FAIL() << "0 ranks accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("'nranks'"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Init, FromEnvironmentMeetsThroughTorchrunVariables) {
+  // Port above MASTER_PORT hosts braid's root: pick a free pair.
+  int port = 20000 + static_cast<int>(::getpid() % 20000);
+  runProcesses(3, [port](int rank, const UniqueId&, const Config& config) {
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    Communicator comm = Communicator::fromEnvironment(config);
+    require(comm.rank() == rank && comm.size() == 3, "rank and size from RANK/WORLD_SIZE");
+    requireUsable(comm);
+  });
+}
+
+TEST(EmptyHandle, EveryOperationIsInvalidUsage) {
+  Communicator comm;
+  float x = 0;
+  try {
+    comm.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+    FAIL() << "an empty handle ran an all-reduce";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidUsage);
+  }
+}
+
+}  // namespace
+}  // namespace braid::testing

@@ -1,0 +1,127 @@
+#include "multirank.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <vector>
+
+namespace braid::testing {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw RankFailure{message};
+}
+
+namespace {
+
+struct Child {
+  int rank;
+  pid_t pid;
+  int pipe;  // read end: the child's failure message, if any
+  std::string message;
+  int status = 0;
+  bool exited = false;
+};
+
+// In the child: run, then report through the pipe and leave without running
+// the parent's atexit handlers or GoogleTest's teardown.
+[[noreturn]] void runChild(int fd, const std::function<void()>& body) {
+  std::string message;
+  try {
+    body();
+  } catch (const RankFailure& failure) {
+    message = failure.message;
+  } catch (const std::exception& error) {
+    message = std::string("exception: ") + error.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+  if (!message.empty()) {
+    ssize_t unused = ::write(fd, message.data(), message.size());
+    (void)unused;
+  }
+  ::close(fd);
+  ::_exit(message.empty() ? 0 : 1);
+}
+
+void drain(Child& child) {
+  char buffer[4096];
+  for (;;) {
+    ssize_t got = ::read(child.pipe, buffer, sizeof(buffer));
+    if (got <= 0) return;
+    child.message.append(buffer, static_cast<size_t>(got));
+  }
+}
+
+}  // namespace
+
+void runProcesses(int nranks,
+                  const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
+                  const RunOptions& options) {
+  UniqueId id = Communicator::newUniqueId(options.config);
+  std::vector<Child> children;
+  for (int rank = 0; rank < nranks; ++rank) {
+    if (std::find(options.absent.begin(), options.absent.end(), rank) != options.absent.end())
+      continue;
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      runChild(fds[1], [&] { body(rank, id, options.config); });
+    }
+    ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    children.push_back({rank, pid, fds[0], {}});
+  }
+
+  auto deadline = std::chrono::steady_clock::now() + options.deadline;
+  size_t running = children.size();
+  while (running > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (Child& child : children) {
+      if (child.exited) continue;
+      drain(child);
+      if (::waitpid(child.pid, &child.status, WNOHANG) == child.pid) {
+        child.exited = true;
+        drain(child);
+        --running;
+      }
+    }
+    if (running > 0) ::usleep(2000);
+  }
+  for (Child& child : children) {
+    if (!child.exited) {
+      ::kill(child.pid, SIGKILL);
+      ::waitpid(child.pid, &child.status, 0);
+      drain(child);
+      ADD_FAILURE() << "rank " << child.rank << " hung: still running after "
+                    << options.deadline.count() << " s" << (child.message.empty() ? "" : ": ")
+                    << child.message;
+    } else if (WIFSIGNALED(child.status)) {
+      ADD_FAILURE() << "rank " << child.rank << " was killed by signal " << WTERMSIG(child.status);
+    } else if (WEXITSTATUS(child.status) != 0) {
+      ADD_FAILURE() << "rank " << child.rank << " failed: " << child.message;
+    }
+    ::close(child.pipe);
+  }
+}
+
+void runRanks(int nranks, const std::function<void(Communicator&)>& body,
+              const RunOptions& options) {
+  runProcesses(
+      nranks,
+      [&](int rank, const UniqueId& id, const Config& config) {
+        Communicator comm = Communicator::init(nranks, rank, id, config);
+        body(comm);
+      },
+      options);
+}
+
+}  // namespace braid::testing

@@ -1,0 +1,46 @@
+// Multi-rank tests: fork N processes that meet through a real UniqueId, run a
+// body on each, and report which rank failed and why. Every run has a
+// deadline; a rank still running then is killed and reported as hung.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "braid/braid.h"
+
+namespace braid::testing {
+
+// Thrown by require() inside a rank; the harness reports its message.
+struct RankFailure {
+  std::string message;
+};
+
+// Fails the current rank with `message` unless `condition` holds.
+void require(bool condition, const std::string& message);
+
+struct RunOptions {
+  std::chrono::seconds deadline{120};
+  Config config = loopbackConfig();
+  // Ranks listed here are not started (to test a rank that never shows up).
+  std::vector<int> absent;
+
+  static Config loopbackConfig() {
+    Config config;
+    config.socketIfname = "lo";
+    return config;
+  }
+};
+
+// Runs body(comm) on each of `nranks` forked ranks and records a GoogleTest
+// failure per rank that threw, failed a require(), exited or hung.
+void runRanks(int nranks, const std::function<void(Communicator&)>& body,
+              const RunOptions& options = {});
+
+// Like runRanks, but the body makes (or fails to make) its own communicator
+// from the id: for tests of init itself.
+void runProcesses(int nranks,
+                  const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
+                  const RunOptions& options = {});
+
+}  // namespace braid::testing
