@@ -63,7 +63,7 @@ void drain(Child& child) {
 void runProcesses(int nranks,
                   const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
                   const RunOptions& options) {
-  UniqueId id = Communicator::newUniqueId(options.config);
+  UniqueId id = options.id ? *options.id : Communicator::newUniqueId(options.config);
   std::vector<Child> children;
   for (int rank = 0; rank < nranks; ++rank) {
     if (std::find(options.absent.begin(), options.absent.end(), rank) != options.absent.end())
@@ -75,7 +75,10 @@ void runProcesses(int nranks,
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(fds[0]);
-      runChild(fds[1], [&] { body(rank, id, options.config); });
+      runChild(fds[1], [&] {
+        if (options.enter) options.enter(rank);
+        body(rank, id, options.config);
+      });
     }
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);

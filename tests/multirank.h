@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "braid/braid.h"
 
@@ -24,6 +26,10 @@ struct RunOptions {
   Config config = loopbackConfig();
   // Ranks listed here are not started (to test a rank that never shows up).
   std::vector<int> absent;
+  // The job id; empty makes a new one in this process.
+  std::optional<UniqueId> id;
+  // Runs first in each rank's process (e.g. to enter a network namespace).
+  std::function<void(int rank)> enter;
 
   static Config loopbackConfig() {
     Config config;

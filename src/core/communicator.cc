@@ -32,7 +32,6 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
 // that routes to the root.
 net::Address listenAddressFor(const net::Address& root, const Knobs& knobs) {
   if (!knobs.socketIfname.empty()) return net::interfaceAddress(knobs.socketIfname);
-  if (root.isLoopback()) return net::Address::loopback();
   return net::routeTo(root);
 }
 

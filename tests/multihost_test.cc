@@ -1,0 +1,184 @@
+// Ranks on two "hosts": two network namespaces joined by a veth pair, with
+// loopback-range addresses (127.77.0.1 and 127.77.0.2) routed across it. The
+// test makes the namespaces itself and removes them; it skips when it cannot
+// (not root, no `ip`, no namespace support).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bootstrap/socket.h"
+#include "core/introspect.h"
+#include "multirank.h"
+
+namespace braid::testing {
+namespace {
+
+bool run(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Two namespaces "<prefix>a" and "<prefix>b", each with one end of a veth
+// pair named "bra"/"brb" holding 127.77.0.1/24 and 127.77.0.2/24.
+class TwoHosts {
+ public:
+  TwoHosts() : prefix_("braid" + std::to_string(::getpid())) {
+    if (::geteuid() != 0) {
+      why_ = "needs root to create network namespaces";
+      return;
+    }
+    const std::string a = prefix_ + "a", b = prefix_ + "b";
+    std::vector<std::string> steps = {
+        "ip netns add " + a,
+        "ip netns add " + b,
+        "ip link add bra netns " + a + " type veth peer name brb netns " + b,
+    };
+    for (const std::string& ns : {a, b}) {
+      std::string dev = ns == a ? "bra" : "brb";
+      std::string address = ns == a ? "127.77.0.1/24" : "127.77.0.2/24";
+      steps.push_back("ip netns exec " + ns + " ip link set lo up");
+      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf.all.route_localnet=1");
+      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf." + dev +
+                      ".route_localnet=1");
+      steps.push_back("ip netns exec " + ns + " ip addr add " + address + " dev " + dev);
+      steps.push_back("ip netns exec " + ns + " ip link set " + dev + " up");
+    }
+    for (const std::string& step : steps) {
+      if (!run(step)) {
+        why_ = "could not set up network namespaces (" + step + ")";
+        return;
+      }
+    }
+    ready_ = probe();
+    if (!ready_) why_ = "the veth pair does not carry loopback-range traffic here";
+  }
+  ~TwoHosts() {
+    run("ip netns del " + prefix_ + "a");
+    run("ip netns del " + prefix_ + "b");
+  }
+
+  bool ready() const { return ready_; }
+  const std::string& why() const { return why_; }
+
+  // Moves the calling thread into host 0 ("a") or 1 ("b").
+  void enter(int host) const {
+    std::string path = "/var/run/netns/" + prefix_ + (host == 0 ? "a" : "b");
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    require(fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0, "cannot enter " + path);
+    ::close(fd);
+  }
+
+  // Runs `body` inside host `host`, then returns to this process's own
+  // namespace. Sockets made inside stay in that host.
+  template <typename Body>
+  void inside(int host, Body body) const {
+    int home = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    require(home >= 0, "cannot open /proc/self/ns/net");
+    enter(host);
+    body();
+    require(::setns(home, CLONE_NEWNET) == 0, "cannot return to the home namespace");
+    ::close(home);
+  }
+
+ private:
+  // One TCP connection from host a to host b.
+  bool probe() const {
+    try {
+      std::optional<net::Listener> listener;
+      inside(1, [&] { listener.emplace(net::Address::parse("127.77.0.2:0", "probe")); });
+      bool connected = false;
+      inside(0, [&] {
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        connected = net::Socket::connect(listener->address(), deadline, "probe").valid();
+      });
+      return connected;
+    } catch (const std::exception&) {
+      return false;
+    } catch (const RankFailure&) {
+      return false;
+    }
+  }
+
+  std::string prefix_;
+  std::string why_;
+  bool ready_ = false;
+};
+
+TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+
+  // The root lives in this process but listens inside host 0.
+  UniqueId id;
+  Config rootConfig;
+  rootConfig.socketIfname = "bra";
+  hosts.inside(0, [&] { id = Communicator::newUniqueId(rootConfig); });
+
+  RunOptions options;
+  options.id = id;
+  options.config.socketIfname = "";  // each rank uses the interface that routes to the root
+  options.config.transports = "tcp";
+  options.config.timeout = std::chrono::seconds(30);
+  options.deadline = std::chrono::seconds(60);
+  options.enter = [&](int rank) { hosts.enter(rank % 2); };
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank();
+        auto names = detail::peerTransports(comm);
+        for (int p = 0; p < n; ++p)
+          require(names[p] == (p == r ? "self" : "tcp"), "every peer is reached over tcp");
+        std::vector<int64_t> in(1 << 20), out(1 << 20);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (r + 1);
+        comm.allReduce(in.data(), out.data(), in.size(), DataType::Int64, ReduceOp::Sum);
+        for (size_t i = 0; i < out.size(); ++i)
+          require(out[i] == static_cast<int64_t>(i) * 10, "wrong all-reduce across hosts");
+        std::vector<int32_t> mine(1000, r), all(1000 * n, -1);
+        comm.allGather(mine.data(), all.data(), mine.size(), DataType::Int32);
+        for (int b = 0; b < n; ++b)
+          for (int i = 0; i < 1000; ++i)
+            require(all[b * 1000 + i] == b, "wrong all-gather across hosts");
+      },
+      options);
+}
+
+TEST(MultiHost, SocketIfnameSelectsTheInterface) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  UniqueId id;
+  Config rootConfig;
+  rootConfig.socketIfname = "bra";
+  hosts.inside(0, [&] { id = Communicator::newUniqueId(rootConfig); });
+
+  RunOptions options;
+  options.id = id;
+  options.enter = [&](int rank) { hosts.enter(rank); };
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config& base) {
+        Config config = base;
+        config.socketIfname = rank == 0 ? "bra" : "brb";
+        Communicator comm = Communicator::init(2, rank, id, config);
+        int32_t x = rank + 1, sum = 0;
+        comm.allReduce(&x, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        require(sum == 3, "1 + 2 across the veth pair");
+        Config wrong = base;
+        wrong.socketIfname = "nosuchif0";
+        try {
+          Communicator::init(2, rank, id, wrong);
+          require(false, "an unknown interface was accepted");
+        } catch (const Error& error) {
+          require(std::string(error.what()).find("BRAID_SOCKET_IFNAME") != std::string::npos,
+                  std::string("the error names BRAID_SOCKET_IFNAME: ") + error.what());
+        }
+      },
+      options);
+}
+
+}  // namespace
+}  // namespace braid::testing
