@@ -1,5 +1,7 @@
 #include "exec/cpu_executor.h"
 
+#include <sched.h>
+
 #include <cstring>
 #include <vector>
 
@@ -252,7 +254,13 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
         idleSince = now;
       }
       if (now >= deadline) failStalled(lanes, count, started, deadline);
-      if (now - idleSince > kSpin) waitForActivity(std::min(deadline, now + kLongestSleep));
+      if (now - idleSince > kSpin) {
+        waitForActivity(std::min(deadline, now + kLongestSleep));
+      } else {
+        // With more ranks than cores, the peer this rank waits for may be
+        // waiting for a core: give it ours.
+        sched_yield();
+      }
     }
   } catch (const Error& error) {
     // Transports throw without context; name this rank and the op here.

@@ -1,0 +1,379 @@
+// braid-perf: bandwidth of braid's collectives, measured and printed the way
+// nccl-tests measures NCCL, so the two tables compare column by column.
+//
+//   braid-run -n 4 braid-perf allreduce -b 8 -e 128M -f 2
+//
+// For each size it times `-n` host-synchronous calls after `-w` warm-up calls,
+// out of place and then in place, and reports the slowest rank's time per
+// call (-a chooses another aggregate), algbw = size / time and busbw = algbw *
+// the collective's bus factor (see busBandwidthFactor). With -c 1 it then runs
+// each placement once more on check data and counts the wrong elements over
+// all ranks (see perf_check.h). Only rank 0 prints, except errors.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "benchmarks/perf_check.h"
+#include "benchmarks/perf_options.h"
+#include "braid/communicator.h"
+#include "braid/error.h"
+#include "braid/types.h"
+#include "braid/version.h"
+
+namespace braid::perf {
+
+namespace {
+
+constexpr size_t kAlignment = 4096;
+
+// One page-aligned host buffer.
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes) {
+    size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    data_.reset(static_cast<unsigned char*>(std::aligned_alloc(kAlignment, rounded)));
+    if (!data_) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes");
+  }
+  unsigned char* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> data_;
+};
+
+struct Measurement {
+  double timeUs = 0;
+  double algbw = 0;  // GB/s, 1e9 bytes per second
+  double busbw = 0;
+  bool checked = false;
+  uint64_t wrong = 0;  // over all ranks; meaningful when checked
+};
+
+struct Row {
+  size_t bytes;
+  size_t count;
+  DataType type;
+  const char* op;
+  int root;
+  Measurement outOfPlace, inPlace;
+};
+
+std::string formatTime(double us) {
+  char text[32];
+  if (us < 1e4) {
+    std::snprintf(text, sizeof(text), "%.2f", us);
+  } else if (us < 1e5) {
+    std::snprintf(text, sizeof(text), "%.1f", us);
+  } else {
+    std::snprintf(text, sizeof(text), "%.0f", us);
+  }
+  return text;
+}
+
+class Runner {
+ public:
+  Runner(Communicator& comm, const Options& options)
+      : comm_(comm), options_(options), rank_(comm.rank()), nranks_(comm.size()) {}
+
+  // Measures every size; returns the exit code.
+  int run();
+
+ private:
+  struct Placement {
+    void* send;
+    void* recv;
+  };
+
+  Placement placement(DataType type, size_t count, bool inPlace) const;
+  void issue(DataType type, ReduceOp op, size_t count, const Placement& p);
+  Measurement measure(DataType type, ReduceOp op, size_t count, bool inPlace);
+  double aggregateTime(double us);
+  uint64_t sumOverRanks(uint64_t value);
+
+  void printHeader(const std::vector<size_t>& sizes) const;
+  void printRow(const Row& row) const;
+  void writeJson(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const;
+
+  Communicator& comm_;
+  const Options& options_;
+  int rank_;
+  int nranks_;
+  std::unique_ptr<Buffer> send_, recv_;
+};
+
+Runner::Placement Runner::placement(DataType type, size_t count, bool inPlace) const {
+  unsigned char* send = send_->data();
+  unsigned char* recv = recv_->data();
+  if (!inPlace) return {send, recv};
+  // NCCL's in-place conventions: this rank's slice of the big buffer.
+  size_t offset = static_cast<size_t>(rank_) * count * dataTypeSize(type);
+  switch (options_.collective) {
+    case Collective::AllGather:
+      return {recv + offset, recv};
+    case Collective::ReduceScatter:
+      return {send, send + offset};
+    default:
+      return {recv, recv};
+  }
+}
+
+void Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p) {
+  int root = options_.root;
+  switch (options_.collective) {
+    case Collective::AllReduce:
+      comm_.allReduce(p.send, p.recv, count, type, op).wait();
+      break;
+    case Collective::AllGather:
+      comm_.allGather(p.send, p.recv, count, type).wait();
+      break;
+    case Collective::ReduceScatter:
+      comm_.reduceScatter(p.send, p.recv, count, type, op).wait();
+      break;
+    case Collective::Broadcast:
+      comm_.broadcast(p.send, p.recv, count, type, root).wait();
+      break;
+    case Collective::Reduce:
+      comm_.reduce(p.send, p.recv, count, type, op, root).wait();
+      break;
+    case Collective::SendRecv: {
+      // A ring shift: to the next rank, from the previous one.
+      comm_.groupStart();
+      Work sent = comm_.send(p.send, count, type, (rank_ + 1) % nranks_);
+      Work received = comm_.recv(p.recv, count, type, (rank_ - 1 + nranks_) % nranks_);
+      comm_.groupEnd();
+      sent.wait();
+      received.wait();
+      break;
+    }
+  }
+}
+
+double Runner::aggregateTime(double us) {
+  double out = 0;
+  switch (options_.average) {
+    case Average::Rank0:
+      comm_.broadcast(&us, &out, 1, DataType::Float64, 0).wait();
+      break;
+    case Average::Mean:
+      comm_.allReduce(&us, &out, 1, DataType::Float64, ReduceOp::Sum).wait();
+      out /= nranks_;
+      break;
+    case Average::Min:
+      comm_.allReduce(&us, &out, 1, DataType::Float64, ReduceOp::Min).wait();
+      break;
+    case Average::Max:
+      comm_.allReduce(&us, &out, 1, DataType::Float64, ReduceOp::Max).wait();
+      break;
+  }
+  return out;
+}
+
+uint64_t Runner::sumOverRanks(uint64_t value) {
+  uint64_t total = 0;
+  comm_.allReduce(&value, &total, 1, DataType::Uint64, ReduceOp::Sum).wait();
+  return total;
+}
+
+Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPlace) {
+  Placement p = placement(type, count, inPlace);
+  CheckCase check{
+      options_.collective, type, op, options_.root, count, rank_, nranks_, inPlace, p.send, p.recv};
+  prepareCheck(check);  // the timed calls run on ordinary numbers too
+
+  for (int i = 0; i < options_.warmup; ++i) issue(type, op, count, p);
+  comm_.barrier().wait();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < options_.iters; ++i) issue(type, op, count, p);
+  std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+
+  Measurement m;
+  m.timeUs = aggregateTime(elapsed.count() / options_.iters);
+  double bytes = static_cast<double>(reportedBytes(options_.collective, count, type, nranks_));
+  m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
+  m.busbw = m.algbw * busBandwidthFactor(options_.collective, nranks_);
+  if (options_.check) {
+    prepareCheck(check);
+    issue(type, op, count, p);
+    m.checked = true;
+    m.wrong = sumOverRanks(countWrong(check));
+  }
+  return m;
+}
+
+void Runner::printHeader(const std::vector<size_t>& sizes) const {
+  std::string types, ops;
+  for (DataType t : options_.types)
+    types += (types.empty() ? "" : ",") + std::string(dataTypeName(t));
+  for (ReduceOp o : options_.ops) ops += (ops.empty() ? "" : ",") + std::string(reduceOpName(o));
+  Collective c = options_.collective;
+  std::printf("# braid-perf, braid %s\n", BRAID_VERSION_STRING);
+  std::printf(
+      "# nranks %d, collective %s, dtype %s, op %s, root %d, iters %d, warmup %d, check %d\n",
+      nranks_, collectiveName(c), types.c_str(), reduces(c) ? ops.c_str() : "none",
+      hasRoot(c) ? options_.root : -1, options_.iters, options_.warmup, options_.check ? 1 : 0);
+  if (options_.stepBytes > 0) {
+    std::printf("# sizes %zu to %zu bytes, step %zu bytes", sizes.front(), sizes.back(),
+                options_.stepBytes);
+  } else {
+    std::printf("# sizes %zu to %zu bytes, step factor %zu", sizes.front(), sizes.back(),
+                options_.stepFactor);
+  }
+  std::printf("; time per call: %s\n#\n", averageName(options_.average));
+
+  // The placement titles, centred over their four columns.
+  std::string titles(116, ' ');
+  titles[0] = '#';
+  titles.replace(62, 12, "out-of-place");
+  titles.replace(96, 8, "in-place");
+  titles.erase(titles.find_last_not_of(' ') + 1);
+  std::printf("%s\n", titles.c_str());
+  std::printf(
+      "#       size         count      type   redop    root     time   algbw   busbw #wrong     "
+      "time"
+      "   algbw   busbw #wrong\n");
+  std::printf(
+      "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            "
+      "(us)"
+      "  (GB/s)  (GB/s)\n");
+  std::fflush(stdout);
+}
+
+void Runner::printRow(const Row& row) const {
+  std::printf("%12zu%14zu%10s%8s%8d", row.bytes, row.count, dataTypeName(row.type), row.op,
+              row.root);
+  for (const Measurement* m : {&row.outOfPlace, &row.inPlace}) {
+    std::string wrong = m->checked ? std::to_string(m->wrong) : "N/A";
+    std::printf("%9s%8.2f%8.2f%7s", formatTime(m->timeUs).c_str(), m->algbw, m->busbw,
+                wrong.c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void Runner::writeJson(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const {
+  std::FILE* file = std::fopen(options_.jsonPath.c_str(), "w");
+  if (!file)
+    throw std::runtime_error("cannot write " + options_.jsonPath + ": " + std::strerror(errno));
+  Collective c = options_.collective;
+  std::fprintf(file,
+               "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
+               "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"results\": [",
+               collectiveName(c), nranks_, options_.iters, options_.warmup,
+               options_.check ? "true" : "false", averageName(options_.average));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(file,
+                 "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+                 "\"root\": %d",
+                 i ? "," : "", r.bytes, r.count, dataTypeName(r.type), r.op, r.root);
+    for (auto [name, m] :
+         {std::make_pair("out_of_place", &r.outOfPlace), std::make_pair("in_place", &r.inPlace)}) {
+      std::string wrongText = m->checked ? std::to_string(m->wrong) : "null";
+      std::fprintf(file,
+                   ",\n     \"%s\": {\"time_us\": %.3f, \"algbw_gbps\": %.4f, "
+                   "\"busbw_gbps\": %.4f, \"wrong\": %s}",
+                   name, m->timeUs, m->algbw, m->busbw, wrongText.c_str());
+    }
+    std::fprintf(file, "}");
+  }
+  std::fprintf(file, "\n  ],\n  \"out_of_bounds\": %llu,\n  \"avg_busbw_gbps\": %.4f\n}\n",
+               static_cast<unsigned long long>(wrong), avgBusbw);
+  if (std::fclose(file) != 0)
+    throw std::runtime_error("cannot write " + options_.jsonPath + ": " + std::strerror(errno));
+}
+
+int Runner::run() {
+  Collective c = options_.collective;
+  std::vector<size_t> sizes = sizeSteps(options_);
+  size_t sendBytes = 0, recvBytes = 0;
+  for (DataType type : options_.types) {
+    for (size_t size : sizes) {
+      size_t count = elementCount(c, size, type, nranks_);
+      size_t part = count * dataTypeSize(type);
+      size_t whole = part * static_cast<size_t>(nranks_);
+      sendBytes = std::max(sendBytes, c == Collective::ReduceScatter ? whole : part);
+      recvBytes = std::max(recvBytes, c == Collective::AllGather ? whole : part);
+    }
+  }
+  send_ = std::make_unique<Buffer>(sendBytes);
+  recv_ = std::make_unique<Buffer>(recvBytes);
+
+  if (rank_ == 0) printHeader(sizes);
+  std::vector<ReduceOp> ops = reduces(c) ? options_.ops : std::vector<ReduceOp>{ReduceOp::Sum};
+  std::vector<Row> rows;
+  uint64_t wrong = 0;
+  double busbwSum = 0;
+  for (DataType type : options_.types) {
+    for (ReduceOp op : ops) {
+      for (size_t size : sizes) {
+        size_t count = elementCount(c, size, type, nranks_);
+        Row row{reportedBytes(c, count, type, nranks_),
+                count,
+                type,
+                reduces(c) ? reduceOpName(op) : "none",
+                hasRoot(c) ? options_.root : -1,
+                measure(type, op, count, false),
+                measure(type, op, count, true)};
+        wrong += row.outOfPlace.wrong + row.inPlace.wrong;
+        busbwSum += row.outOfPlace.busbw + row.inPlace.busbw;
+        if (rank_ == 0) printRow(row);
+        rows.push_back(row);
+      }
+    }
+  }
+
+  double avgBusbw = rows.empty() ? 0 : busbwSum / (2 * static_cast<double>(rows.size()));
+  if (rank_ == 0) {
+    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong),
+                wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %g\n#\n", avgBusbw);
+    std::fflush(stdout);
+    if (!options_.jsonPath.empty()) writeJson(rows, wrong, avgBusbw);
+  }
+  return wrong ? 1 : 0;
+}
+
+}  // namespace
+
+}  // namespace braid::perf
+
+int main(int argc, char** argv) {
+  using braid::perf::UsageError;
+  braid::perf::Options options;
+  try {
+    if (!braid::perf::parseOptions(argc, argv, &options)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "braid-perf: %s (try braid-perf -h)\n", e.what());
+    return 2;
+  }
+
+  int rank = -1;
+  try {
+    braid::Communicator comm = braid::Communicator::fromEnvironment();
+    rank = comm.rank();
+    if (options.root >= comm.size() && braid::perf::hasRoot(options.collective)) {
+      std::fprintf(stderr, "braid-perf: -r: root %d is not a rank of %d\n", options.root,
+                   comm.size());
+      return 2;
+    }
+    return braid::perf::Runner(comm, options).run();
+  } catch (const std::exception& e) {
+    if (rank >= 0) {
+      std::fprintf(stderr, "braid-perf: rank %d: %s\n", rank, e.what());
+    } else {
+      std::fprintf(stderr, "braid-perf: %s\n", e.what());
+    }
+    return 1;
+  }
+}
