@@ -20,5 +20,6 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/braidConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/braidConfig.cmake ${PROJECT_BINARY_DIR}/braidConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/braid)
 
+file(RELATIVE_PATH BRAID_PC_UP "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 configure_file(cmake/braid.pc.in ${PROJECT_BINARY_DIR}/braid.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/braid.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
