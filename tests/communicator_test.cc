@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "bootstrap/socket.h"
 #include "multirank.h"
 
 namespace braid::testing {
@@ -196,18 +197,50 @@ TEST(Init, RejectsBadRankAndSize) {
   }
 }
 
-TEST(Init, FromEnvironmentMeetsThroughTorchrunVariables) {
-  // Port above MASTER_PORT hosts braid's root: pick a free pair.
-  int port = 20000 + static_cast<int>(::getpid() % 20000);
-  runProcesses(3, [port](int rank, const UniqueId&, const Config& config) {
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "3", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+// A port nobody listens on now (bound, then released).
+int freePort() {
+  net::Listener probe(net::Address::loopback());
+  return probe.address().port();
+}
+
+// Each launcher's rank and size variables, with the root from BRAID_ROOT or
+// from MASTER_ADDR/MASTER_PORT (braid listens one port above MASTER_PORT).
+void meetThroughEnvironment(const char* rankVar, const char* sizeVar, bool masterAddr) {
+  int port = freePort();
+  runProcesses(3, [&](int rank, const UniqueId&, const Config& config) {
+    ::setenv(rankVar, std::to_string(rank).c_str(), 1);
+    ::setenv(sizeVar, "3", 1);
+    if (masterAddr) {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port - 1).c_str(), 1);
+    } else {
+      ::setenv("BRAID_ROOT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+    }
     Communicator comm = Communicator::fromEnvironment(config);
-    require(comm.rank() == rank && comm.size() == 3, "rank and size from RANK/WORLD_SIZE");
+    require(comm.rank() == rank && comm.size() == 3,
+            std::string("rank and size from ") + rankVar + "/" + sizeVar);
     requireUsable(comm);
   });
+}
+
+TEST(Launch, TorchrunVariables) { meetThroughEnvironment("RANK", "WORLD_SIZE", true); }
+TEST(Launch, OpenMpiVariables) {
+  meetThroughEnvironment("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", false);
+}
+TEST(Launch, MpichHydraVariables) { meetThroughEnvironment("PMI_RANK", "PMI_SIZE", false); }
+TEST(Launch, SlurmVariables) { meetThroughEnvironment("SLURM_PROCID", "SLURM_NTASKS", true); }
+
+TEST(Launch, WithoutLauncherVariablesFailsSayingWhatToSet) {
+  for (const char* name :
+       {"BRAID_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (std::getenv(name)) GTEST_SKIP() << name << " is set in this environment";
+  try {
+    Communicator::fromEnvironment();
+    FAIL() << "fromEnvironment succeeded without any launcher variables";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(error.what()).find("BRAID_RANK"), std::string::npos) << error.what();
+  }
 }
 
 TEST(EmptyHandle, EveryOperationIsInvalidUsage) {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The command-line tools as a user runs them: braid-perf for every collective
+# under braid-run (exits non-zero on any wrong element), braid-run's failure
+# propagation, and braid-info.
+set -uo pipefail
+bin=$1
+failures=0
+passes=0
+check() {  # check NAME EXPECTED-STATUS COMMAND...
+  local name=$1 want=$2
+  shift 2
+  local out
+  out=$(timeout 120 "$@" 2>&1)
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL $name: exit $got, expected $want"
+    echo "$out" | tail -20
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+    passes=$((passes + 1))
+  fi
+}
+
+for c in allreduce allgather reducescatter broadcast reduce sendrecv; do
+  check "braid-perf $c at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-perf" "$c" -b 8 -e 4M -f 8 -n 3 -w 1 -c 1
+done
+check "braid-perf bfloat16 max at 5 ranks" 0 \
+  "$bin/braid-run" -n 5 "$bin/braid-perf" allreduce -b 1K -e 1M -f 32 -d bfloat16 -o max -n 2 -w 1
+check "braid-run returns the failing rank's status" 3 \
+  "$bin/braid-run" -n 3 sh -c 'if [ "$BRAID_RANK" = 1 ]; then exit 3; fi; exec sleep 30'
+check "braid-run reports a rank killed by a signal" 137 \
+  "$bin/braid-run" -n 2 sh -c 'if [ "$BRAID_RANK" = 0 ]; then kill -9 $$; fi; exec sleep 30'
+check "braid-run rejects a missing -n" 2 "$bin/braid-run" true
+check "braid-perf rejects an unknown collective" 2 "$bin/braid-perf" alltoallv
+check "braid-info --config" 0 "$bin/braid-info" --config
+check "braid-info --peers at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-info" --peers
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
