@@ -1,5 +1,6 @@
 // The communicator beyond the collectives' arithmetic: point-to-point,
 // groups, split, async work, bad arguments, ranks that never arrive.
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "bootstrap/socket.h"
+#include "core/communicator_impl.h"
+#include "core/introspect.h"
 #include "multirank.h"
 
 namespace braid::testing {
@@ -241,6 +244,72 @@ TEST(Launch, WithoutLauncherVariablesFailsSayingWhatToSet) {
     EXPECT_EQ(error.code(), ErrorCode::InvalidUsage);
     EXPECT_NE(std::string(error.what()).find("BRAID_RANK"), std::string::npos) << error.what();
   }
+}
+
+// Names in /dev/shm that belong to this communicator's job.
+std::vector<std::string> segmentsOf(const Communicator& comm) {
+  char prefix[64];
+  std::snprintf(prefix, sizeof(prefix), "braid-%016llx",
+                static_cast<unsigned long long>(comm.impl()->bootstrap->secret()));
+  std::vector<std::string> found;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (dirent* entry = ::readdir(dir))
+      if (std::string(entry->d_name).rfind(prefix, 0) == 0) found.push_back(entry->d_name);
+    ::closedir(dir);
+  }
+  return found;
+}
+
+TEST(Transports, SameHostPeersUseSharedMemoryAndLeaveNothingInDevShm) {
+  const char* forced = std::getenv("BRAID_TRANSPORT");
+  const std::string expected = forced && *forced ? forced : "shm";
+  runRanks(3, [&](Communicator& comm) {
+    auto names = detail::peerTransports(comm);
+    for (int p = 0; p < comm.size(); ++p)
+      require(names[p] == (p == comm.rank() ? "self" : expected),
+              "peer " + std::to_string(p) + " uses " + names[p] + ", expected " + expected);
+    // Segments are unlinked once every peer mapped them, before init
+    // returns; after an all-reduce every rank has returned from init.
+    requireUsable(comm);
+    require(segmentsOf(comm).empty(), "a shared-memory segment is still named in /dev/shm");
+  });
+}
+
+TEST(Transports, UnknownTransportIsRejectedNamingIt) {
+  RunOptions options;
+  options.config.transports = "carrier-pigeon";
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config& config) {
+        requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::InvalidArgument,
+                     "'carrier-pigeon'");
+      },
+      options);
+}
+
+TEST(PeerFailure, AnExitedPeerFailsTheOthersFastInsteadOfAtTheTimeout) {
+  runRanks(3, [](Communicator& comm) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    if (comm.rank() == 1) ::_exit(0);  // leaves without a word
+    auto start = steady_clock::now();
+    try {
+      for (int i = 0; i < 1000; ++i)
+        comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      require(false, "all-reduce kept working without rank 1");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::RemoteError,
+              std::string("expected RemoteError, got: ") + error.what());
+      // Rank 2 waits on rank 1 directly; rank 0 learns it through rank 2.
+      if (comm.rank() == 2)
+        require(std::string(error.what()).find("peer 1") != std::string::npos,
+                std::string("the error names rank 1: ") + error.what());
+    }
+    auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+    require(took < milliseconds(2000), "failure took " + std::to_string(took.count()) + " ms");
+    // The failure is sticky.
+    requireError([&] { comm.barrier(); }, ErrorCode::RemoteError, "failed earlier");
+  });
 }
 
 TEST(EmptyHandle, EveryOperationIsInvalidUsage) {

@@ -6,6 +6,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "transports/self/self_transport.h"
+#include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace braid::transport {
@@ -25,26 +26,28 @@ std::vector<std::string> splitList(const std::string& text) {
 
 // Whether `name` can carry traffic between this rank and `peer`. The answer
 // must be the same seen from both ends.
-bool canReach(const std::string& name, const bootstrap::Bootstrap&, int) {
+bool canReach(const std::string& name, const bootstrap::Bootstrap& bootstrap, int peer) {
+  if (name == "shm")  // same host: same hostname and boot id
+    return bootstrap.table()[peer].hostId == bootstrap.table()[bootstrap.rank()].hostId;
   return name == "tcp";  // tcp reaches every peer that the bootstrap reached
 }
 
 }  // namespace
 
-std::vector<std::string> builtTransports() { return {"self", "tcp"}; }
+std::vector<std::string> builtTransports() { return {"self", "shm", "tcp"}; }
 
 Wiring wireUp(const Setup& setup, const std::string& preference) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
   const int rank = bootstrap.rank();
   const int nranks = bootstrap.size();
   std::vector<std::string> order = splitList(preference);
-  if (order.empty()) order = {"tcp"};
+  if (order.empty()) order = {"shm", "tcp"};
   const std::vector<std::string> built = builtTransports();
   for (const std::string& name : order) {
     if (std::find(built.begin(), built.end(), name) == built.end() || name == "self")
       fail(ErrorCode::InvalidArgument, rank,
            format("BRAID_TRANSPORT names '%s', which is not a transport built into this "
-                  "library (built: tcp)",
+                  "library (built: shm, tcp)",
                   name.c_str()));
   }
 
@@ -63,12 +66,15 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
     peersOf[choice].push_back(peer);
   }
 
-  // Transports are created in the same order on every rank.
+  // Transports are created in the same order on every rank, each by every
+  // rank (their set-up is collective), even where it serves no peer here.
   for (size_t i = 0; i < order.size(); ++i) {
-    if (peersOf[i].empty()) continue;
     std::unique_ptr<Transport> created;
     if (order[i] == "tcp")
       created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
+    if (order[i] == "shm")
+      created = shm::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
+    if (peersOf[i].empty()) continue;
     for (int peer : peersOf[i]) {
       wiring.connections[peer] = &created->connection(peer);
       wiring.names[peer] = created->name();

@@ -53,8 +53,9 @@ class Connection {
   // receive it without this rank doing anything more.
   virtual bool flushed() const = 0;
 
-  // True once the peer closed its end and every message it sent was read:
-  // nothing more will arrive. A peer that finished its part of the last op
+  // True once the peer closed its end or died: beyond the messages already
+  // received (peekRecv() still returns them), nothing more will arrive and
+  // nothing sent will be read. A peer that finished its part of the last op
   // and destroyed its communicator looks like this, so it is an error only
   // for an op that still waits for that peer.
   virtual bool peerClosed() const = 0;

@@ -120,7 +120,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       recvSeq(nranks, 0) {
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
-  executor = std::make_unique<exec::Executor>(wiring, rank);
+  executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes);
 }
 
 Communicator::Impl::~Impl() {

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "braid/error.h"
@@ -23,6 +24,8 @@ bool sends(StepKind kind) {
 // the longest single sleep (so abort() is noticed promptly).
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
+// One turn of a wait that cannot block on every transport at once.
+constexpr auto kShortSleep = std::chrono::microseconds(200);
 
 // For groups: which lane may use each connection direction now. A lane owns
 // a direction from the first to the last of its steps that use it; lanes
@@ -78,6 +81,12 @@ class Arbiter {
 
 }  // namespace
 
+Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes)
+    : wiring_(wiring), rank_(rank), pieceBytes_(pieceBytes) {
+  for (auto& transport : wiring_.transports)
+    if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
+}
+
 std::string OpInfo::describe() const {
   std::string text = format("%s #%llu (count %zu, %s", name, static_cast<unsigned long long>(seq),
                             count, dataTypeName(type));
@@ -92,9 +101,13 @@ bool Executor::advance(Lane& lane) {
   if (lane.step == steps.size()) return false;
   const algo::Step& step = steps[lane.step];
   const size_t total = step.count * lane.elemSize;
-  const std::byte* src =
-      (step.src == algo::Buffer::Input ? lane.input : lane.output) + step.srcOffset * lane.elemSize;
-  std::byte* dst = lane.output + step.dstOffset * lane.elemSize;
+  // Only the buffers a step uses are touched (non-roots may pass null ones).
+  const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
+  const bool writesDst = step.kind != StepKind::Send && step.kind != StepKind::RecvReduceSend;
+  const std::byte* src = readsSrc ? (step.src == algo::Buffer::Input ? lane.input : lane.output) +
+                                        step.srcOffset * lane.elemSize
+                                  : nullptr;
+  std::byte* dst = writesDst ? lane.output + step.dstOffset * lane.elemSize : nullptr;
 
   if (step.kind == StepKind::Copy) {
     if (src != dst) std::memmove(dst, src, total);
@@ -105,35 +118,33 @@ bool Executor::advance(Lane& lane) {
 
   transport::Connection* in = receives(step.kind) ? wiring_.connections[step.recvPeer] : nullptr;
   transport::Connection* out = sends(step.kind) ? wiring_.connections[step.sendPeer] : nullptr;
-  const size_t slot = (in ? in : out)->slotBytes();
   bool moved = false;
   while (lane.done < total) {
-    const size_t piece = std::min(slot, total - lane.done);
+    const size_t piece = std::min(pieceBytes_, total - lane.done);
     const transport::Message* message = nullptr;
     if (in) {
       message = in->peekRecv();
       if (!message) {
-        if (in->peerClosed())
-          fail(ErrorCode::RemoteError, rank_,
-               format("%s: peer %d closed its connection while this rank waits for its data (the "
-                      "peer exited, failed or destroyed its communicator)",
-                      lane.info->describe().c_str(), step.recvPeer));
+        if (in->peerClosed()) failClosed(lane, step.recvPeer, "waits for its data");
         break;
       }
       if (message->bytes != piece || message->tag != lane.tag)
         fail(ErrorCode::Internal, rank_,
-             format("%s: peer %d sent a %u-byte message with tag %u where this rank expected "
-                    "%zu bytes with tag %u: the ranks did not issue the same operations",
+             format("%s: peer %d sent a %u-byte message with tag %08x where this rank expected "
+                    "%zu bytes with tag %08x: the ranks did not issue the same operations",
                     lane.info->describe().c_str(), step.recvPeer, message->bytes, message->tag,
                     piece, lane.tag));
     }
     std::byte* slotMemory = nullptr;
     if (out) {
       slotMemory = out->sendSlot();
-      if (!slotMemory) break;
+      if (!slotMemory) {
+        if (out->peerClosed()) failClosed(lane, step.sendPeer, "sends to it");
+        break;
+      }
     }
-    const std::byte* mine = src + lane.done;
-    std::byte* result = dst + lane.done;
+    const std::byte* mine = readsSrc ? src + lane.done : nullptr;
+    std::byte* result = writesDst ? dst + lane.done : nullptr;
     const size_t elems = piece / lane.elemSize;
     switch (step.kind) {
       case StepKind::Send:
@@ -174,6 +185,13 @@ bool Executor::advance(Lane& lane) {
   return moved;
 }
 
+void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
+  fail(ErrorCode::RemoteError, rank_,
+       format("%s: peer %d closed its connection while this rank %s (the peer exited, failed or "
+              "destroyed its communicator)",
+              lane.info->describe().c_str(), peer, doing));
+}
+
 bool Executor::progressTransports() {
   bool moved = false;
   for (auto& transport : wiring_.transports) moved |= transport->progress();
@@ -187,15 +205,17 @@ bool Executor::flushed() const {
 }
 
 void Executor::waitForActivity(Clock::time_point until) {
-  // Only the first transport that can block sleeps the full time; with
-  // several, each gets a short turn so none is starved.
-  size_t blocking = wiring_.transports.size() - 1;  // the last one is "self"
-  if (blocking == 1) {
-    wiring_.transports[0]->waitForActivity(until);
+  if (waitable_.empty()) {  // nothing to block on (only "self"): just sleep
+    std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), kShortSleep));
     return;
   }
-  auto slice = std::min(until, Clock::now() + std::chrono::microseconds(200));
-  for (size_t i = 0; i < blocking; ++i) wiring_.transports[i]->waitForActivity(slice);
+  if (waitable_.size() == 1) {
+    waitable_[0]->waitForActivity(until);
+    return;
+  }
+  // Several transports cannot be waited on together: short turns each.
+  auto slice = std::min(until, Clock::now() + kShortSleep);
+  for (transport::Transport* transport : waitable_) transport->waitForActivity(slice);
 }
 
 void Executor::failStalled(const Lane* lanes, size_t count, Clock::time_point started,
@@ -231,7 +251,10 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
   bool idle = false;
   try {
     for (;;) {
-      bool moved = false;
+      // Transports first: a pass starts by taking in what arrived, and the
+      // transports remember that moment, so whatever arrives after it wakes
+      // a waiter below.
+      bool moved = progressTransports();
       bool finished = true;
       for (size_t i = 0; i < count; ++i) {
         Lane& lane = lanes[i];
@@ -239,7 +262,6 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
         if (!arbiter || arbiter->mayRun(i, lane.plan->steps[lane.step])) moved |= advance(lane);
         finished &= lane.step == lane.plan->steps.size();
       }
-      moved |= progressTransports();
       if (finished && flushed()) return;
       if (aborted.load(std::memory_order_relaxed))
         fail(ErrorCode::Aborted, rank_,

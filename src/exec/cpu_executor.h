@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "algorithms/plan.h"
 #include "braid/types.h"
@@ -55,8 +56,9 @@ struct Lane {
 
 class Executor {
  public:
-  // `wiring` outlives the executor.
-  Executor(transport::Wiring& wiring, int rank) : wiring_(wiring), rank_(rank) {}
+  // `wiring` outlives the executor. Every message is at most `pieceBytes`
+  // (one slot), the same on every rank and every transport.
+  Executor(transport::Wiring& wiring, int rank, size_t pieceBytes);
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -70,11 +72,14 @@ class Executor {
   bool progressTransports();
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
+  [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
   [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::time_point started,
                                 Clock::time_point deadline);
 
   transport::Wiring& wiring_;
   int rank_;
+  size_t pieceBytes_;
+  std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
 };
 
 }  // namespace braid::exec

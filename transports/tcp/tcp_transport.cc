@@ -49,7 +49,7 @@ class TcpConnection final : public Connection {
     ++sendPosted_;
   }
   bool flushed() const override { return sendWritten_ == sendPosted_; }
-  bool peerClosed() const override { return closed_ && recvRead_ == recvFilled_; }
+  bool peerClosed() const override { return closed_; }
 
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];

@@ -1,0 +1,399 @@
+#include "transports/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "braid/error.h"
+#include "core/errors.h"
+#include "core/log.h"
+
+namespace braid::transport::shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x31444952424d4853ull;  // "SHMBRID1"
+constexpr size_t kLine = 64;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free to work across processes");
+
+struct SlotInfo {
+  uint32_t bytes;
+  uint32_t tag;
+};
+
+// One FIFO's counters, each on its own cache line: the sender writes the
+// tail, the receiver writes the head. Both only grow.
+struct FifoControl {
+  alignas(kLine) std::atomic<uint64_t> tail;
+  alignas(kLine) std::atomic<uint64_t> head;
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t fifos;
+  uint32_t slots;
+  uint64_t slotBytes;
+  int32_t pid;                   // the owner, for liveness checks
+  std::atomic<uint32_t> closed;  // set when the owner destroyed its transport
+  // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
+  // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
+  alignas(kLine) std::atomic<uint32_t> doorbell;
+  alignas(kLine) std::atomic<uint32_t> sleeping;
+};
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Where things are in a segment with `fifos` FIFOs.
+struct Layout {
+  size_t controls, infos, data, total;
+  Layout(size_t fifos, size_t slots, size_t slotBytes) {
+    controls = roundUp(sizeof(SegmentHeader), 4096);
+    infos = roundUp(controls + fifos * sizeof(FifoControl), kLine);
+    data = roundUp(infos + fifos * slots * sizeof(SlotInfo), 4096);
+    total = data + fifos * slots * slotBytes;
+  }
+};
+
+// One direction of a pair, inside the receiver's segment.
+struct Fifo {
+  FifoControl* control;
+  SlotInfo* info;
+  std::byte* data;
+};
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+// Wakes the segment's owner if it sleeps. The caller's seq_cst store of the
+// counter it changed and this seq_cst load pair with the owner's seq_cst
+// store of `sleeping` and its re-read of the counters (see waitForActivity):
+// either the owner sees the change, or this sees it sleeping.
+void ring(SegmentHeader* owner) {
+  if (owner->sleeping.load(std::memory_order_seq_cst) == 0) return;
+  owner->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  futex(&owner->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+class Segment {
+ public:
+  Segment() = default;
+  Segment(void* base, size_t size) : base_(static_cast<std::byte*>(base)), size_(size) {}
+  Segment(Segment&& other) noexcept : base_(other.base_), size_(other.size_) {
+    other.base_ = nullptr;
+  }
+  Segment& operator=(Segment&& other) noexcept {
+    if (this != &other) {
+      unmap();
+      base_ = other.base_;
+      size_ = other.size_;
+      other.base_ = nullptr;
+    }
+    return *this;
+  }
+  ~Segment() { unmap(); }
+
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(base_); }  // or null
+  Fifo fifo(size_t index) const {
+    const SegmentHeader* h = header();
+    Layout layout(h->fifos, h->slots, h->slotBytes);
+    return {reinterpret_cast<FifoControl*>(base_ + layout.controls) + index,
+            reinterpret_cast<SlotInfo*>(base_ + layout.infos) + index * h->slots,
+            base_ + layout.data + index * h->slots * h->slotBytes};
+  }
+
+ private:
+  void unmap() {
+    if (base_) ::munmap(base_, size_);
+    base_ = nullptr;
+  }
+
+  std::byte* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+class ShmConnection final : public Connection {
+ public:
+  ShmConnection(int peer, Fifo out, SegmentHeader* peerHeader, Fifo in, size_t slotBytes,
+                size_t slots)
+      : peer_(peer),
+        out_(out),
+        peerHeader_(peerHeader),
+        in_(in),
+        slotBytes_(slotBytes),
+        slots_(slots) {}
+
+  size_t slotBytes() const override { return slotBytes_; }
+
+  std::byte* sendSlot() override {
+    if (sendTail_ - sendHeadSeen_ == slots_) {
+      sendHeadSeen_ = out_.control->head.load(std::memory_order_acquire);
+      if (sendTail_ - sendHeadSeen_ == slots_) return nullptr;
+    }
+    return out_.data + (sendTail_ % slots_) * slotBytes_;
+  }
+
+  void postSend(uint32_t bytes, uint32_t tag) override {
+    out_.info[sendTail_ % slots_] = {bytes, tag};
+    ++sendTail_;
+    out_.control->tail.store(sendTail_, std::memory_order_seq_cst);
+    ring(peerHeader_);
+  }
+
+  const Message* peekRecv() override {
+    if (recvHead_ == recvTailSeen_) {
+      recvTailSeen_ = in_.control->tail.load(std::memory_order_acquire);
+      if (recvHead_ == recvTailSeen_) return nullptr;
+    }
+    size_t slot = recvHead_ % slots_;
+    SlotInfo info = in_.info[slot];
+    // The peer is trusted with its data, not with our bounds.
+    current_ = {in_.data + slot * slotBytes_,
+                static_cast<uint32_t>(std::min<size_t>(info.bytes, slotBytes_)), info.tag};
+    return &current_;
+  }
+
+  void releaseRecv() override {
+    ++recvHead_;
+    in_.control->head.store(recvHead_, std::memory_order_seq_cst);
+    ring(peerHeader_);
+  }
+
+  bool flushed() const override { return true; }  // a posted slot is already the peer's
+  bool peerClosed() const override {
+    return dead_ || peerHeader_->closed.load(std::memory_order_acquire) != 0;
+  }
+  // The peer's process is gone (it cannot have closed cleanly).
+  void checkAlive() {
+    if (!dead_ && ::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
+  }
+  void wakePeer() { ring(peerHeader_); }
+
+  // Grows whenever the peer sends to this rank or frees a slot of ours.
+  uint64_t activity() const {
+    return in_.control->tail.load(std::memory_order_seq_cst) +
+           out_.control->head.load(std::memory_order_seq_cst);
+  }
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+  Fifo out_;  // in the peer's segment
+  SegmentHeader* peerHeader_;
+  Fifo in_;  // in this rank's segment
+  size_t slotBytes_;
+  size_t slots_;
+  uint64_t sendTail_ = 0;      // this rank's copy of out_.tail
+  uint64_t sendHeadSeen_ = 0;  // the peer's head as last read
+  uint64_t recvHead_ = 0;      // this rank's copy of in_.head
+  uint64_t recvTailSeen_ = 0;  // the peer's tail as last read
+  Message current_;
+  bool dead_ = false;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(int nranks) : byRank_(nranks, nullptr) {}
+  ~ShmTransport() override {
+    // Tell the peers, and wake any that sleep waiting for this rank.
+    if (SegmentHeader* mine = own_.header()) {
+      mine->closed.store(1, std::memory_order_seq_cst);
+      mine->doorbell.fetch_add(1, std::memory_order_seq_cst);
+      futex(&mine->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+    for (auto& connection : connections_) connection->wakePeer();
+  }
+
+  const char* name() const override { return "shm"; }
+  Connection& connection(int peer) override { return *byRank_[peer]; }
+
+  bool progress() override {
+    seen_ = activity();  // the start of a pass: later changes wake the waiter
+    return false;
+  }
+
+  void waitForActivity(Clock::time_point until) override {
+    SegmentHeader* mine = own_.header();
+    uint32_t bell = mine->doorbell.load(std::memory_order_seq_cst);
+    mine->sleeping.store(1, std::memory_order_seq_cst);
+    if (activity() == seen_) {
+      auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+      if (wait.count() > 0) {
+        timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
+                         static_cast<long>(wait.count() % 1000000000)};
+        futex(&mine->doorbell, FUTEX_WAIT, bell, &timeout);
+      }
+    }
+    mine->sleeping.store(0, std::memory_order_relaxed);
+    // A peer that died cannot say so: look for it now and then while idle.
+    if (Clock::now() - lastLivenessCheck_ > kLivenessInterval) {
+      lastLivenessCheck_ = Clock::now();
+      for (auto& connection : connections_) connection->checkAlive();
+    }
+  }
+
+  Segment own_;
+  std::vector<Segment> peers_;
+  std::vector<std::unique_ptr<ShmConnection>> connections_;
+  std::vector<ShmConnection*> byRank_;
+
+ private:
+  uint64_t activity() const {
+    uint64_t sum = 0;
+    for (const auto& c : connections_) sum += c->activity();
+    return sum;
+  }
+  static constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
+  uint64_t seen_ = 0;
+  Clock::time_point lastLivenessCheck_{};
+};
+
+std::string segmentName(uint64_t secret, int rank) {
+  return format("/braid-%016llx-%d", static_cast<unsigned long long>(secret), rank);
+}
+
+// Creates, sizes and maps this rank's segment. Returns "" or why it failed.
+std::string createOwn(const std::string& name, const Layout& layout, size_t fifos, int slots,
+                      size_t slotBytes, Segment* out) {
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {  // left by a crashed job with the same secret
+    ::shm_unlink(name.c_str());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) return format("shm_open(%s): %s", name.c_str(), std::strerror(errno));
+  std::string problem;
+  if (::ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+    problem = format("ftruncate(%s, %zu): %s", name.c_str(), layout.total, std::strerror(errno));
+  } else if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(layout.total)); err != 0) {
+    problem = format("%s needs %zu bytes of /dev/shm: %s", name.c_str(), layout.total,
+                     std::strerror(err));
+  }
+  void* base = problem.empty()
+                   ? ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  if (problem.empty() && base == MAP_FAILED)
+    problem = format("mmap(%s): %s", name.c_str(), std::strerror(errno));
+  ::close(fd);
+  if (!problem.empty()) {
+    ::shm_unlink(name.c_str());
+    return problem;
+  }
+  auto* header = new (base) SegmentHeader{};
+  header->fifos = static_cast<uint32_t>(fifos);
+  header->slots = static_cast<uint32_t>(slots);
+  header->slotBytes = slotBytes;
+  header->pid = static_cast<int32_t>(::getpid());
+  auto* controls = reinterpret_cast<FifoControl*>(static_cast<std::byte*>(base) + layout.controls);
+  for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};
+  header->magic = kMagic;
+  *out = Segment(base, layout.total);
+  return "";
+}
+
+// Maps a peer's segment and checks it is what this rank expects.
+std::string mapPeer(const std::string& name, const Layout& layout, size_t fifos, int slots,
+                    size_t slotBytes, Segment* out) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return format("shm_open(%s): %s", name.c_str(), std::strerror(errno));
+  struct stat info {};
+  std::string problem;
+  if (::fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) != layout.total)
+    problem = format("%s has %lld bytes, expected %zu", name.c_str(),
+                     static_cast<long long>(info.st_size), layout.total);
+  void* base = problem.empty()
+                   ? ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  if (problem.empty() && base == MAP_FAILED)
+    problem = format("mmap(%s): %s", name.c_str(), std::strerror(errno));
+  ::close(fd);
+  if (!problem.empty()) return problem;
+  Segment segment(base, layout.total);
+  const SegmentHeader* h = segment.header();
+  if (h->magic != kMagic || h->fifos != fifos || h->slots != static_cast<uint32_t>(slots) ||
+      h->slotBytes != slotBytes)
+    return format("%s does not match this rank's shared-memory layout", name.c_str());
+  *out = std::move(segment);
+  return "";
+}
+
+// Every rank learns whether every rank succeeded; throws naming the first
+// rank that did not.
+void agree(bootstrap::Bootstrap& bootstrap, const std::string& problem, const char* what,
+           net::Deadline deadline) {
+  std::vector<char> ok(bootstrap.size(), 1);
+  ok[bootstrap.rank()] = problem.empty() ? 1 : 0;
+  bootstrap.allGather(ok.data(), 1, deadline);
+  if (!problem.empty())
+    throw Error(ErrorCode::SystemError,
+                format("braid rank %d: shared memory: %s", bootstrap.rank(), problem.c_str()));
+  for (int r = 0; r < bootstrap.size(); ++r)
+    if (!ok[r])
+      throw Error(ErrorCode::RemoteError,
+                  format("braid rank %d: shared memory: rank %d could not %s its segment",
+                         bootstrap.rank(), r, what));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  size_t slotBytes, int slots, net::Deadline deadline) {
+  const int rank = bootstrap.rank();
+  // Ranks on one host form a group; each member's segment has one FIFO per
+  // other member, in rank order.
+  std::vector<int> group = peers;
+  group.push_back(rank);
+  std::sort(group.begin(), group.end());
+  const size_t fifos = group.size() - 1;
+  const Layout layout(fifos, slots, slotBytes);
+  auto fifoIndex = [&](int sender, int receiver) {
+    size_t position = std::find(group.begin(), group.end(), sender) - group.begin();
+    return sender > receiver ? position - 1 : position;
+  };
+
+  auto transport = std::make_unique<ShmTransport>(bootstrap.size());
+  std::string problem;
+  if (!peers.empty())
+    problem = createOwn(segmentName(bootstrap.secret(), rank), layout, fifos, slots, slotBytes,
+                        &transport->own_);
+  agree(bootstrap, problem, "create", deadline);
+
+  transport->peers_.reserve(peers.size());
+  for (int peer : peers) {
+    Segment segment;
+    problem =
+        mapPeer(segmentName(bootstrap.secret(), peer), layout, fifos, slots, slotBytes, &segment);
+    if (!problem.empty()) break;
+    transport->peers_.push_back(std::move(segment));
+  }
+  agree(bootstrap, problem, "map", deadline);
+  // Everyone mapped everything: the names are no longer needed.
+  if (!peers.empty()) ::shm_unlink(segmentName(bootstrap.secret(), rank).c_str());
+
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int peer = peers[i];
+    const Segment& theirs = transport->peers_[i];
+    auto connection = std::make_unique<ShmConnection>(
+        peer, theirs.fifo(fifoIndex(rank, peer)), theirs.header(),
+        transport->own_.fifo(fifoIndex(peer, rank)), slotBytes, static_cast<size_t>(slots));
+    transport->byRank_[peer] = connection.get();
+    transport->connections_.push_back(std::move(connection));
+  }
+  BRAID_DEBUG(Init, "shm: %zu peers, %zu-byte segment", peers.size(), layout.total);
+  return transport;
+}
+
+}  // namespace braid::transport::shm

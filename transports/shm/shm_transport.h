@@ -1,0 +1,26 @@
+// The shared-memory transport: for ranks on one host.
+//
+// Each rank owns one POSIX shared-memory segment holding a slot FIFO per
+// peer that sends to it, plus its wake-up word. A sender writes a message
+// straight into the receiver's slot and publishes it by advancing the FIFO's
+// tail; the receiver reads it in place and frees the slot by advancing the
+// head. Nothing on that path allocates, locks or enters the kernel; a rank
+// that found nothing to do for a while sleeps on a futex and is woken only
+// when a peer changed one of its FIFOs. Segments are unlinked as soon as
+// every peer has mapped them, so a crash leaves nothing in /dev/shm.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "transports/transport.h"
+
+namespace braid::transport::shm {
+
+// Collective over `peers` (every peer listed must list this rank too).
+// Throws Error(SystemError) naming the segment when /dev/shm cannot hold it.
+std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  size_t slotBytes, int slots, net::Deadline deadline);
+
+}  // namespace braid::transport::shm
