@@ -312,6 +312,59 @@ TEST(PeerFailure, AnExitedPeerFailsTheOthersFastInsteadOfAtTheTimeout) {
   });
 }
 
+TEST(Init, RanksWithDifferentChunkSizesAreRejectedNamingTheKnob) {
+  runProcesses(2, [](int rank, const UniqueId& id, const Config& base) {
+    Config config = base;
+    config.chunkBytes = rank == 0 ? (1 << 20) : (1 << 19);
+    requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::InvalidArgument,
+                 "BRAID_CHUNK_BYTES");
+  });
+}
+
+TEST(Groups, WaitInsideAnOpenGroupIsInvalidUsage) {
+  runRanks(2, [](Communicator& comm) {
+    int32_t out = comm.rank(), in = -1;
+    comm.groupStart();
+    Work sent = comm.send(&out, 1, DataType::Int32, 1 - comm.rank());
+    Work received = comm.recv(&in, 1, DataType::Int32, 1 - comm.rank());
+    requireError([&] { received.wait(); }, ErrorCode::InvalidUsage, "groupEnd");
+    comm.groupEnd();
+    sent.wait();
+    received.wait();
+    require(in == 1 - comm.rank(), "the grouped receive got the peer's value");
+  });
+}
+
+TEST(Groups, GroupEndAfterAFailureCompletesEveryWorkWithTheError) {
+  runRanks(2, [](Communicator& comm) {
+    int32_t out = 1, in = 0;
+    comm.groupStart();
+    Work received = comm.recv(&in, 1, DataType::Int32, 1 - comm.rank());
+    comm.abort();
+    requireError([&] { comm.groupEnd(); }, ErrorCode::Aborted, "aborted");
+    require(received.test(), "the grouped op completed");
+    requireError([&] { received.wait(); }, ErrorCode::Aborted, "aborted");
+    requireError([&] { comm.send(&out, 1, DataType::Int32, 0); }, ErrorCode::Aborted,
+                 "failed earlier");
+  });
+}
+
+TEST(Collectives, MismatchedCollectivesFailInsteadOfMixingData) {
+  runRanks(2, [](Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    try {
+      if (comm.rank() == 0)
+        comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      else
+        comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Max);
+      require(false, "sum on one rank and max on the other went through");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::Internal || error.code() == ErrorCode::RemoteError,
+              std::string("unexpected error: ") + error.what());
+    }
+  });
+}
+
 TEST(EmptyHandle, EveryOperationIsInvalidUsage) {
   Communicator comm;
   float x = 0;

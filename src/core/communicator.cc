@@ -35,6 +35,41 @@ net::Address listenAddressFor(const net::Address& root, const Knobs& knobs) {
   return net::routeTo(root);
 }
 
+// Plans and connections are built from knobs each rank reads for itself;
+// ranks that read different values would build plans that do not match.
+void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
+  struct Shared {
+    uint64_t slotBytes, slots, chunkBytes;
+    char transports[48];
+  };
+  std::vector<Shared> all(bootstrap.size());
+  Shared& mine = all[bootstrap.rank()];
+  std::memset(&mine, 0, sizeof(mine));
+  mine.slotBytes = knobs.slotBytes;
+  mine.slots = static_cast<uint64_t>(knobs.slots);
+  mine.chunkBytes = knobs.chunkBytes;
+  std::snprintf(mine.transports, sizeof(mine.transports), "%s", knobs.transports.c_str());
+  bootstrap.allGather(all.data(), sizeof(Shared), deadline);
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    const Shared& theirs = all[r];
+    auto differ = [&](const char* knob, const std::string& a, const std::string& b) {
+      fail(ErrorCode::InvalidArgument, bootstrap.rank(),
+           format("%s must be the same on every rank: rank %d has %s, rank %d has %s", knob,
+                  bootstrap.rank(), a.c_str(), r, b.c_str()));
+    };
+    if (theirs.slotBytes != mine.slotBytes)
+      differ("BRAID_SLOT_BYTES", std::to_string(mine.slotBytes), std::to_string(theirs.slotBytes));
+    if (theirs.slots != mine.slots)
+      differ("BRAID_SLOTS", std::to_string(mine.slots), std::to_string(theirs.slots));
+    if (theirs.chunkBytes != mine.chunkBytes)
+      differ("BRAID_CHUNK_BYTES (Config::chunkBytes)", std::to_string(mine.chunkBytes),
+             std::to_string(theirs.chunkBytes));
+    if (std::strncmp(theirs.transports, mine.transports, sizeof(mine.transports)) != 0)
+      differ("BRAID_TRANSPORT (Config::transports)", format("'%s'", mine.transports),
+             format("'%.47s'", theirs.transports));
+  }
+}
+
 // Argument checks. Each throws InvalidArgument naming the argument; none
 // changes the communicator, so it stays usable.
 class Checker {
@@ -74,15 +109,6 @@ class Checker {
   const char* op_;
 };
 
-std::shared_ptr<Work::State> completedState() {
-  static const std::shared_ptr<Work::State> state = [] {
-    auto s = std::make_shared<Work::State>();
-    s->finished = true;
-    return s;
-  }();
-  return state;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- Work
@@ -105,6 +131,9 @@ bool Work::test() const {
 void Work::wait() const {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mutex);
+  if (!state_->finished && state_->inOpenGroup)
+    throw Error(ErrorCode::InvalidUsage,
+                "braid: wait() on an op of a group that has not ended: call groupEnd() first");
   state_->done.wait(lock, [&] { return state_->finished; });
   if (state_->error) std::rethrow_exception(state_->error);
 }
@@ -118,12 +147,17 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       bootstrap(std::move(boot)),
       sendSeq(nranks, 0),
       recvSeq(nranks, 0) {
+  checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
   executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes);
 }
 
 Communicator::Impl::~Impl() {
+  if (!group.empty())
+    dropGroup(std::make_exception_ptr(
+        Error(ErrorCode::Aborted,
+              format("braid rank %d: the communicator was destroyed inside a group", rank))));
   {
     std::lock_guard<std::mutex> lock(queueMutex);
     stopping = true;
@@ -133,6 +167,7 @@ Communicator::Impl::~Impl() {
 }
 
 void Communicator::Impl::throwIfFailed() const {
+  if (!failed.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(failureMutex);
   if (failure)
     throw Error(failure->code(), format("braid rank %d: the communicator failed earlier: %s", rank,
@@ -142,6 +177,18 @@ void Communicator::Impl::throwIfFailed() const {
 void Communicator::Impl::recordFailure(const Error& error) {
   std::lock_guard<std::mutex> lock(failureMutex);
   if (!failure) failure = error;
+  failed.store(true, std::memory_order_release);
+}
+
+void Communicator::Impl::dropGroup(std::exception_ptr error) {
+  for (PendingOp& op : group) {
+    {
+      std::lock_guard<std::mutex> lock(op.work->mutex);
+      op.work->inOpenGroup = false;
+    }
+    op.work->complete(error);
+  }
+  group.clear();
 }
 
 void Communicator::Impl::execute(PendingOp* ops, size_t count) {
@@ -166,21 +213,30 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.tag = op.tag;
     lane.info = &op.info;
   }
+  std::exception_ptr failure;
   try {
     throwIfFailed();
     executor->run(lanes, count, Clock::now() + knobs.timeout, aborted);
   } catch (const Error& error) {
     recordFailure(error);
-    auto failure = std::current_exception();
+    failure = std::current_exception();
+  } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
+    Error internal(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
+                                               ops[0].info.describe().c_str(), error.what()));
+    recordFailure(internal);
+    failure = std::make_exception_ptr(internal);
+  }
+  if (failure) {
     for (size_t i = 0; i < count; ++i)
       if (ops[i].work) ops[i].work->complete(failure);
-    throw;
+    std::rethrow_exception(failure);
   }
   for (size_t i = 0; i < count; ++i)
     if (ops[i].work) ops[i].work->complete(nullptr);
 }
 
 void Communicator::Impl::waitForAsyncIdle() {
+  if (outstanding.load(std::memory_order_acquire) == 0) return;  // the latency path: no lock
   std::unique_lock<std::mutex> lock(queueMutex);
   queueChanged.wait(lock, [&] { return outstanding == 0; });
 }
@@ -205,7 +261,7 @@ void Communicator::Impl::progressLoop() {
       std::lock_guard<std::mutex> exec(execMutex);
       try {
         execute(ops.data(), ops.size());
-      } catch (const Error&) {
+      } catch (...) {
         // Delivered through each op's Work.
       }
     }
@@ -215,9 +271,34 @@ void Communicator::Impl::progressLoop() {
   }
 }
 
+namespace {
+
+// A message tag that differs when two ranks issue different ops: the low 16
+// bits are the op's sequence number, the next 15 a hash of what the op is
+// (collective, count, type, op, root), the top bit says point-to-point.
+// (Send and recv hash only count and type, which both ends share.)
+uint32_t tagFor(const PendingOp& op) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+  if (!op.pointToPoint) {
+    for (const char* c = op.info.name; *c; ++c) mix(static_cast<unsigned char>(*c));
+    mix(op.info.reduces ? static_cast<uint64_t>(op.info.op) : 99);
+    mix(static_cast<uint64_t>(op.info.root + 1));
+  }
+  mix(op.info.count);
+  mix(static_cast<uint64_t>(op.info.type));
+  uint32_t shape = static_cast<uint32_t>(h ^ (h >> 32)) & 0x7fff;
+  return (op.pointToPoint ? 0x80000000u : 0u) | shape << 16 |
+         static_cast<uint32_t>(op.info.seq & 0xffff);
+}
+
+}  // namespace
+
 Work Communicator::Impl::issue(PendingOp op) {
+  op.tag = tagFor(op);
   if (groupDepth > 0) {
     op.work = std::make_shared<Work::State>();
+    op.work->inOpenGroup = true;
     Work work(op.work);
     group.push_back(std::move(op));
     return work;
@@ -233,7 +314,7 @@ Work Communicator::Impl::issue(PendingOp op) {
   waitForAsyncIdle();
   std::lock_guard<std::mutex> lock(execMutex);
   execute(&op, 1);
-  return Work(completedState());
+  return Work();  // an empty Work is a completed one
 }
 
 // ---------------------------------------------------------------- Communicator
@@ -307,7 +388,6 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   op.plan = impl.plans.get(collective, shape);
   op.input = input;
   op.output = output;
-  op.tag = static_cast<uint32_t>(op.info.seq & 0x7fffffff);
   op.async = stream.isAsync();
   return op;
 }
@@ -412,7 +492,7 @@ PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input
   op.input = input;
   op.output = output;
   // The k-th send from A to B meets the k-th receive at B from A.
-  op.tag = 0x80000000u | static_cast<uint32_t>(op.info.seq & 0x7fffffff);
+  op.pointToPoint = true;
   op.async = stream.isAsync();
   return op;
 }
@@ -452,12 +532,23 @@ Work Communicator::barrier(Stream stream) {
 void Communicator::groupStart() { ++usable(impl_.get(), "groupStart").groupDepth; }
 
 void Communicator::groupEnd() {
-  Impl& impl = usable(impl_.get(), "groupEnd");
+  if (!impl_) usable(nullptr, "groupEnd");
+  Impl& impl = *impl_;
   if (impl.groupDepth == 0)
     fail(ErrorCode::InvalidUsage, impl.rank, "groupEnd without a matching groupStart");
   if (--impl.groupDepth > 0 || impl.group.empty()) return;
+  try {
+    impl.throwIfFailed();
+  } catch (const Error&) {
+    impl.dropGroup(std::current_exception());  // no Work may wait forever
+    throw;
+  }
   std::vector<PendingOp> ops = std::move(impl.group);
   impl.group.clear();
+  for (PendingOp& op : ops) {
+    std::lock_guard<std::mutex> lock(op.work->mutex);
+    op.work->inOpenGroup = false;
+  }
   bool async = std::any_of(ops.begin(), ops.end(), [](const PendingOp& op) { return op.async; });
   if (async) {
     impl.enqueue(std::move(ops));
@@ -467,6 +558,10 @@ void Communicator::groupEnd() {
   std::lock_guard<std::mutex> lock(impl.execMutex);
   impl.execute(ops.data(), ops.size());
 }
+
+namespace {
+constexpr int32_t kSplitFailed = INT32_MIN;
+}  // namespace
 
 Communicator Communicator::split(int color, int key) {
   Impl& impl = usable(impl_.get(), "split");
@@ -486,11 +581,17 @@ Communicator Communicator::split(int color, int key) {
   std::memset(&mine, 0, sizeof(mine));
   mine.color = color < 0 ? -1 : color;
   mine.key = key;
+  std::string problem;
   if (color >= 0) {
-    net::Address at = impl.bootstrap->listenAddress();
-    at.setPort(0);
-    listener.emplace(at);
-    std::snprintf(mine.listen, sizeof(mine.listen), "%s", listener->address().toString().c_str());
+    try {
+      net::Address at = impl.bootstrap->listenAddress();
+      at.setPort(0);
+      listener.emplace(at);
+      std::snprintf(mine.listen, sizeof(mine.listen), "%s", listener->address().toString().c_str());
+    } catch (const Error& error) {
+      problem = error.what();
+      mine.color = kSplitFailed;  // still take part, so every rank learns of it
+    }
   }
   try {
     impl.bootstrap->allGather(entries.data(), sizeof(Entry), deadline);
@@ -498,7 +599,13 @@ Communicator Communicator::split(int color, int key) {
     impl.recordFailure(error);
     throw;
   }
-  const uint64_t splitIndex = ++impl.splits;
+  ++impl.splits;
+  if (!problem.empty()) throw Error(ErrorCode::SystemError, problem);
+  for (int r = 0; r < impl.nranks; ++r)
+    if (entries[r].color == kSplitFailed)
+      fail(ErrorCode::RemoteError, impl.rank,
+           format("split: rank %d could not open a listener for the new communicator", r));
+  const uint64_t splitIndex = impl.splits;
   if (color < 0) return Communicator();
 
   std::vector<int> members;

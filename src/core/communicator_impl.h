@@ -24,6 +24,7 @@ struct Work::State {
   std::mutex mutex;
   std::condition_variable done;
   bool finished = false;
+  bool inOpenGroup = false;  // issued inside a group that has not ended yet
   std::exception_ptr error;
 
   void complete(std::exception_ptr failure);
@@ -35,7 +36,8 @@ struct PendingOp {
   std::shared_ptr<const algo::Plan> plan;
   const void* input = nullptr;
   void* output = nullptr;
-  uint32_t tag = 0;
+  uint32_t tag = 0;  // set by issue()
+  bool pointToPoint = false;
   bool async = false;
   std::shared_ptr<Work::State> work;
 };
@@ -57,6 +59,9 @@ struct Communicator::Impl {
   // Throws the sticky failure, if any (every later op fails fast with it).
   void throwIfFailed() const;
   void recordFailure(const Error& error);
+  // Completes the Work of every op of the open group with `error` and
+  // forgets them.
+  void dropGroup(std::exception_ptr error);
 
   const int rank;
   const int nranks;
@@ -67,6 +72,7 @@ struct Communicator::Impl {
   PlanCache plans;
 
   std::atomic<bool> aborted{false};
+  std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex
   mutable std::mutex failureMutex;
   std::optional<Error> failure;  // the first sticky error
 
@@ -83,7 +89,7 @@ struct Communicator::Impl {
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;
   std::deque<std::vector<PendingOp>> queue;
-  size_t outstanding = 0;  // queued or running on the progress thread
+  std::atomic<size_t> outstanding{0};  // queued or running on the progress thread
   bool stopping = false;
   std::thread progressThread;  // started by the first async op
 };

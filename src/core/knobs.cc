@@ -1,6 +1,9 @@
 #include "core/knobs.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 
 #include "braid/error.h"
@@ -115,8 +118,10 @@ size_t parseBytes(const std::string& text, const char* what) {
 
 long long parseInt(const std::string& text, const char* what) {
   char* end = nullptr;
+  errno = 0;
   long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0') badValue(what, text, "an integer");
+  if (text.empty() || *end != '\0' || errno == ERANGE || value < INT_MIN || value > INT_MAX)
+    badValue(what, text, "an integer in the int range");
   return value;
 }
 
@@ -127,6 +132,8 @@ Knobs Knobs::resolve(const Config& config) {
                       : parseDuration(lookup(knob("BRAID_TIMEOUT")).first, "BRAID_TIMEOUT");
   if (knobs.timeout.count() <= 0)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_TIMEOUT must be positive");
+  // Deadlines are now + timeout on a nanosecond clock: keep far from overflow.
+  knobs.timeout = std::min<std::chrono::milliseconds>(knobs.timeout, std::chrono::hours(24 * 365));
   knobs.transports =
       config.transports.empty() ? lookup(knob("BRAID_TRANSPORT")).first : config.transports;
   knobs.socketIfname =

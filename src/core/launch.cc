@@ -55,8 +55,9 @@ uint64_t jobSecret(const std::string& root, int size) {
   };
   add(root);
   add(std::to_string(size));
-  for (const char* name : {"BRAID_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
-                           "OMPI_MCA_orte_ess_jobid", "PMI_ID", "PMIX_NAMESPACE"})
+  for (const char* name :
+       {"BRAID_JOB_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID",
+        "SLURM_STEP_ID", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE"})
     add(getEnv(name));
   return h;
 }
