@@ -38,10 +38,12 @@ class Connection {
   // Capacity of one slot; every message is at most this long.
   virtual size_t slotBytes() const = 0;
 
-  // The next free send slot, or nullptr while every slot is in flight.
-  // Calling it again before postSend() returns the same slot.
-  virtual std::byte* sendSlot() = 0;
-  // Publishes the slot last returned by sendSlot() as a message.
+  // Memory for the next message, of `bytes` <= slotBytes(), or nullptr while
+  // every slot is in flight. Calling it again before postSend() returns the
+  // same slot. (A transport may place small messages apart from large ones,
+  // e.g. next to the flag that publishes them.)
+  virtual std::byte* sendSlot(size_t bytes) = 0;
+  // Publishes the slot last returned by sendSlot() as a message of `bytes`.
   virtual void postSend(uint32_t bytes, uint32_t tag) = 0;
 
   // The oldest unread message, or nullptr when none has arrived.

@@ -137,7 +137,7 @@ bool Executor::advance(Lane& lane) {
     }
     std::byte* slotMemory = nullptr;
     if (out) {
-      slotMemory = out->sendSlot();
+      slotMemory = out->sendSlot(piece);
       if (!slotMemory) {
         if (out->peerClosed()) failClosed(lane, step.sendPeer, "sends to it");
         break;

@@ -13,7 +13,7 @@ class Loopback final : public Connection {
 
   size_t slotBytes() const override { return slotBytes_; }
 
-  std::byte* sendSlot() override {
+  std::byte* sendSlot(size_t) override {
     if (tail_ - head_ == messages_.size()) return nullptr;
     return memory_.data() + (tail_ % messages_.size()) * slotBytes_;
   }

@@ -30,15 +30,22 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
 
-struct SlotInfo {
+// One cache line per slot: the sender fills it and then publishes the slot
+// by storing its message number + 1 in `seq`. Messages of up to kInline
+// bytes travel inside the line, so a small message costs the receiver one
+// cache-line transfer; larger ones sit in the slot's data area.
+constexpr size_t kInline = 48;
+struct alignas(kLine) SlotHeader {
+  std::atomic<uint64_t> seq;
   uint32_t bytes;
   uint32_t tag;
+  std::byte inlineData[kInline];
 };
+static_assert(sizeof(SlotHeader) == kLine, "a slot header is one cache line");
 
-// One FIFO's counters, each on its own cache line: the sender writes the
-// tail, the receiver writes the head. Both only grow.
+// How far the receiver has read; only grows. The sender reads it only when
+// its own view says the FIFO is full.
 struct FifoControl {
-  alignas(kLine) std::atomic<uint64_t> tail;
   alignas(kLine) std::atomic<uint64_t> head;
 };
 
@@ -59,11 +66,11 @@ size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // Where things are in a segment with `fifos` FIFOs.
 struct Layout {
-  size_t controls, infos, data, total;
+  size_t controls, headers, data, total;
   Layout(size_t fifos, size_t slots, size_t slotBytes) {
     controls = roundUp(sizeof(SegmentHeader), 4096);
-    infos = roundUp(controls + fifos * sizeof(FifoControl), kLine);
-    data = roundUp(infos + fifos * slots * sizeof(SlotInfo), 4096);
+    headers = roundUp(controls + fifos * sizeof(FifoControl), kLine);
+    data = roundUp(headers + fifos * slots * sizeof(SlotHeader), 4096);
     total = data + fifos * slots * slotBytes;
   }
 };
@@ -71,7 +78,7 @@ struct Layout {
 // One direction of a pair, inside the receiver's segment.
 struct Fifo {
   FifoControl* control;
-  SlotInfo* info;
+  SlotHeader* slots;
   std::byte* data;
 };
 
@@ -112,7 +119,7 @@ class Segment {
     const SegmentHeader* h = header();
     Layout layout(h->fifos, h->slots, h->slotBytes);
     return {reinterpret_cast<FifoControl*>(base_ + layout.controls) + index,
-            reinterpret_cast<SlotInfo*>(base_ + layout.infos) + index * h->slots,
+            reinterpret_cast<SlotHeader*>(base_ + layout.headers) + index * h->slots,
             base_ + layout.data + index * h->slots * h->slotBytes};
   }
 
@@ -139,31 +146,32 @@ class ShmConnection final : public Connection {
 
   size_t slotBytes() const override { return slotBytes_; }
 
-  std::byte* sendSlot() override {
+  std::byte* sendSlot(size_t bytes) override {
     if (sendTail_ - sendHeadSeen_ == slots_) {
       sendHeadSeen_ = out_.control->head.load(std::memory_order_acquire);
       if (sendTail_ - sendHeadSeen_ == slots_) return nullptr;
     }
-    return out_.data + (sendTail_ % slots_) * slotBytes_;
+    const size_t slot = sendTail_ % slots_;
+    return bytes <= kInline ? out_.slots[slot].inlineData : out_.data + slot * slotBytes_;
   }
 
   void postSend(uint32_t bytes, uint32_t tag) override {
-    out_.info[sendTail_ % slots_] = {bytes, tag};
+    SlotHeader& header = out_.slots[sendTail_ % slots_];
+    header.bytes = bytes;
+    header.tag = tag;
     ++sendTail_;
-    out_.control->tail.store(sendTail_, std::memory_order_seq_cst);
+    header.seq.store(sendTail_, std::memory_order_seq_cst);
     ring(peerHeader_);
   }
 
   const Message* peekRecv() override {
-    if (recvHead_ == recvTailSeen_) {
-      recvTailSeen_ = in_.control->tail.load(std::memory_order_acquire);
-      if (recvHead_ == recvTailSeen_) return nullptr;
-    }
-    size_t slot = recvHead_ % slots_;
-    SlotInfo info = in_.info[slot];
+    const size_t slot = recvHead_ % slots_;
+    const SlotHeader& header = in_.slots[slot];
+    if (header.seq.load(std::memory_order_acquire) != recvHead_ + 1) return nullptr;
     // The peer is trusted with its data, not with our bounds.
-    current_ = {in_.data + slot * slotBytes_,
-                static_cast<uint32_t>(std::min<size_t>(info.bytes, slotBytes_)), info.tag};
+    const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(header.bytes, slotBytes_));
+    current_ = {bytes <= kInline ? header.inlineData : in_.data + slot * slotBytes_, bytes,
+                header.tag};
     return &current_;
   }
 
@@ -183,9 +191,10 @@ class ShmConnection final : public Connection {
   }
   void wakePeer() { ring(peerHeader_); }
 
-  // Grows whenever the peer sends to this rank or frees a slot of ours.
+  // Changes whenever the peer sends this rank its next message or frees a
+  // slot of ours.
   uint64_t activity() const {
-    return in_.control->tail.load(std::memory_order_seq_cst) +
+    return in_.slots[recvHead_ % slots_].seq.load(std::memory_order_seq_cst) +
            out_.control->head.load(std::memory_order_seq_cst);
   }
   int peer() const { return peer_; }
@@ -197,10 +206,9 @@ class ShmConnection final : public Connection {
   Fifo in_;  // in this rank's segment
   size_t slotBytes_;
   size_t slots_;
-  uint64_t sendTail_ = 0;      // this rank's copy of out_.tail
+  uint64_t sendTail_ = 0;      // messages posted
   uint64_t sendHeadSeen_ = 0;  // the peer's head as last read
-  uint64_t recvHead_ = 0;      // this rank's copy of in_.head
-  uint64_t recvTailSeen_ = 0;  // the peer's tail as last read
+  uint64_t recvHead_ = 0;      // messages read: this rank's copy of in_.head
   Message current_;
   bool dead_ = false;
 };
@@ -297,8 +305,11 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   header->slots = static_cast<uint32_t>(slots);
   header->slotBytes = slotBytes;
   header->pid = static_cast<int32_t>(::getpid());
-  auto* controls = reinterpret_cast<FifoControl*>(static_cast<std::byte*>(base) + layout.controls);
+  auto* bytes = static_cast<std::byte*>(base);
+  auto* controls = reinterpret_cast<FifoControl*>(bytes + layout.controls);
   for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};
+  auto* headers = reinterpret_cast<SlotHeader*>(bytes + layout.headers);
+  for (size_t i = 0; i < fifos * static_cast<size_t>(slots); ++i) new (headers + i) SlotHeader{};
   header->magic = kMagic;
   *out = Segment(base, layout.total);
   return "";

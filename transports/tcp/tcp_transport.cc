@@ -40,7 +40,7 @@ class TcpConnection final : public Connection {
 
   size_t slotBytes() const override { return slotBytes_; }
 
-  std::byte* sendSlot() override {
+  std::byte* sendSlot(size_t) override {
     if (sendPosted_ - sendWritten_ == slots_) return nullptr;
     return sendMemory_.data() + (sendPosted_ % slots_) * slotBytes_;
   }
