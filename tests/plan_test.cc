@@ -20,7 +20,12 @@ using Values = std::vector<int64_t>;
 struct SimRank {
   Plan plan;
   Values input, output;
+  Values scratch = Values(1 << 12, -7);
   size_t step = 0;
+
+  Values& buffer(Buffer b) {
+    return b == Buffer::Input ? input : b == Buffer::Output ? output : scratch;
+  }
 };
 
 // Runs all plans to completion (sum reduction). Returns "" or what went wrong.
@@ -35,7 +40,8 @@ std::string simulate(std::vector<SimRank>& ranks) {
         const Step& s = rank.plan.steps[rank.step];
         if (s.count == 0) return "rank " + std::to_string(r) + " has an empty step";
         Values received;
-        bool receives = s.kind != StepKind::Send && s.kind != StepKind::Copy;
+        bool receives =
+            s.kind != StepKind::Send && s.kind != StepKind::Copy && s.kind != StepKind::Reduce;
         if (receives) {
           auto& queue = links[{s.recvPeer, r}];
           if (queue.empty()) break;
@@ -46,13 +52,18 @@ std::string simulate(std::vector<SimRank>& ranks) {
                    " expected " + std::to_string(s.count) + " elements, got " +
                    std::to_string(received.size());
         }
-        const Values& srcBuffer = s.src == Buffer::Input ? rank.input : rank.output;
+        const Values& srcBuffer = rank.buffer(s.src);
         Values mine(srcBuffer.begin() + s.srcOffset, srcBuffer.begin() + s.srcOffset + s.count);
         Values result;
         switch (s.kind) {
           case StepKind::Send:
           case StepKind::Copy:
             result = mine;
+            break;
+          case StepKind::Reduce:
+            result.assign(rank.buffer(s.dst).begin() + s.dstOffset,
+                          rank.buffer(s.dst).begin() + s.dstOffset + s.count);
+            for (size_t i = 0; i < s.count; ++i) result[i] += mine[i];
             break;
           case StepKind::Recv:
           case StepKind::RecvCopySend:
@@ -64,8 +75,9 @@ std::string simulate(std::vector<SimRank>& ranks) {
         }
         bool writes = s.kind == StepKind::Recv || s.kind == StepKind::RecvReduceCopy ||
                       s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend ||
-                      s.kind == StepKind::Copy;
-        if (writes) std::copy(result.begin(), result.end(), rank.output.begin() + s.dstOffset);
+                      s.kind == StepKind::Copy || s.kind == StepKind::Reduce;
+        if (writes)
+          std::copy(result.begin(), result.end(), rank.buffer(s.dst).begin() + s.dstOffset);
         bool sends = s.kind == StepKind::Send || s.kind == StepKind::RecvReduceSend ||
                      s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend;
         if (sends) links[{r, s.sendPeer}].push_back(result);
@@ -114,6 +126,30 @@ TEST(Plans, RingAllReduceSumsEverywhere) {
           ranks[r].output.assign(count, -1);
         }
         ASSERT_EQ(simulate(ranks), "") << n << " ranks, count " << count << ", chunk " << chunk;
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) {
+            int64_t want = 0;
+            for (int q = 0; q < n; ++q) want += valueOf(q, i);
+            ASSERT_EQ(ranks[r].output[i], want) << "rank " << r << " element " << i;
+          }
+      }
+}
+
+TEST(Plans, OneShotAllReduceSumsEverywhereInPlaceToo) {
+  for (int n : kRankCounts)
+    for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{1000}})
+      for (bool inPlace : {false, true}) {
+        std::vector<SimRank> ranks(n);
+        for (int r = 0; r < n; ++r) {
+          ranks[r].plan = oneShotAllReduce(shapeOf(n, r, count, 16));
+          for (size_t i = 0; i < count; ++i) ranks[r].input.push_back(valueOf(r, i));
+          ranks[r].output = inPlace ? ranks[r].input : Values(count, -1);
+          if (inPlace)  // the same buffer: steps that read input read output
+            for (Step& s : ranks[r].plan.steps) {
+              if (s.src == Buffer::Input) s.src = Buffer::Output;
+            }
+        }
+        ASSERT_EQ(simulate(ranks), "") << n << " ranks, count " << count;
         for (int r = 0; r < n; ++r)
           for (size_t i = 0; i < count; ++i) {
             int64_t want = 0;

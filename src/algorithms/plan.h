@@ -10,8 +10,10 @@
 
 namespace braid::algo {
 
-// The two user buffers a step reads or writes.
-enum class Buffer : uint8_t { Input, Output };
+// The buffers a step reads or writes: the user's two, and a scratch area
+// of kScratchBytes that the executor gives each running op.
+enum class Buffer : uint8_t { Input, Output, Scratch };
+inline constexpr size_t kScratchBytes = 64 * 1024;
 
 // The primitives. "Recv" reads the next message from recvPeer; "Send" posts
 // one to sendPeer; "Reduce" combines the received data with `src` using the
@@ -26,6 +28,7 @@ enum class StepKind : uint8_t {
   RecvReduceCopySend,  // (peer op src) -> dst and -> peer
   RecvCopySend,        // peer -> dst and -> peer
   Copy,                // src -> dst, locally
+  Reduce,              // (dst op src) -> dst, locally
 };
 
 struct Step {
@@ -54,12 +57,19 @@ struct Shape {
   int peer = -1;          // send, recv
   size_t chunkElems = 1;  // most elements one step moves
   size_t alignElems = 1;  // chunk boundaries fall on multiples of this
+  size_t elemSize = 1;    // bytes per element
 };
 
 // Ring all-reduce: reduce-scatter then all-gather around the ring, in rounds
 // of nranks chunks. 2(n-1) steps per round; each rank sends and receives
 // 2(n-1)/n * S bytes for an S-byte buffer.
 Plan ringAllReduce(const Shape& shape);
+
+// One-shot all-reduce, for small buffers: every rank sends its whole input
+// to every other rank, then adds the n inputs in rank order, so every rank
+// computes bitwise the same result. One hop of latency instead of 2(n-1);
+// each rank sends and receives (n-1) * S bytes. REQUIRES: S <= kScratchBytes.
+Plan oneShotAllReduce(const Shape& shape);
 
 // Ring all-gather: n-1 steps per round; each rank sends and receives
 // (n-1) * S bytes for an S-byte input.

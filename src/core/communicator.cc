@@ -39,7 +39,7 @@ net::Address listenAddressFor(const net::Address& root, const Knobs& knobs) {
 // ranks that read different values would build plans that do not match.
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
-    uint64_t slotBytes, slots, chunkBytes;
+    uint64_t slotBytes, slots, chunkBytes, oneShotBytes;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -48,6 +48,7 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.slotBytes = knobs.slotBytes;
   mine.slots = static_cast<uint64_t>(knobs.slots);
   mine.chunkBytes = knobs.chunkBytes;
+  mine.oneShotBytes = knobs.oneShotBytes;
   std::snprintf(mine.transports, sizeof(mine.transports), "%s", knobs.transports.c_str());
   bootstrap.allGather(all.data(), sizeof(Shared), deadline);
   for (int r = 0; r < bootstrap.size(); ++r) {
@@ -64,6 +65,9 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.chunkBytes != mine.chunkBytes)
       differ("BRAID_CHUNK_BYTES (Config::chunkBytes)", std::to_string(mine.chunkBytes),
              std::to_string(theirs.chunkBytes));
+    if (theirs.oneShotBytes != mine.oneShotBytes)
+      differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
+             std::to_string(theirs.oneShotBytes));
     if (std::strncmp(theirs.transports, mine.transports, sizeof(mine.transports)) != 0)
       differ("BRAID_TRANSPORT (Config::transports)", format("'%s'", mine.transports),
              format("'%.47s'", theirs.transports));
@@ -371,6 +375,7 @@ algo::Shape shapeFor(const Communicator::Impl& impl, size_t count, DataType type
   shape.rank = impl.rank;
   shape.count = count;
   size_t size = dataTypeSize(type);
+  shape.elemSize = size;
   shape.alignElems = std::max<size_t>(1, 64 / size);
   shape.chunkElems = std::max(shape.alignElems,
                               impl.knobs.chunkBytes / size / shape.alignElems * shape.alignElems);

@@ -69,7 +69,7 @@ struct Communicator::Impl {
   std::unique_ptr<bootstrap::Bootstrap> bootstrap;
   transport::Wiring wiring;
   std::unique_ptr<exec::Executor> executor;
-  PlanCache plans;
+  PlanCache plans{knobs.oneShotBytes};
 
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex

@@ -24,6 +24,9 @@ const std::vector<KnobInfo>& knobTable() {
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
+      {"BRAID_ONESHOT_BYTES", "bytes", "16K",
+       "all-reduces of at most this size send every input to every rank (one hop; max 64K)",
+       nullptr},
       {"BRAID_LOG_LEVEL", "string", "warn", "off, warn, info, debug or trace", "NCCL_DEBUG"},
       {"BRAID_LOG_SUBSYS", "list", "all",
        "subsystems to log: init, bootstrap, tcp, exec, coll, env", "NCCL_DEBUG_SUBSYS"},
@@ -150,10 +153,14 @@ Knobs Knobs::resolve(const Config& config) {
                          : parseBytes(lookup(knob("BRAID_CHUNK_BYTES")).first, "BRAID_CHUNK_BYTES");
   if (knobs.chunkBytes == 0)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_CHUNK_BYTES must be positive");
+  knobs.oneShotBytes = parseBytes(lookup(knob("BRAID_ONESHOT_BYTES")).first, "BRAID_ONESHOT_BYTES");
+  if (knobs.oneShotBytes > 64 * 1024)
+    throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ONESHOT_BYTES must be at most 64K");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.
   size_t half = knobs.slotBytes * static_cast<size_t>(knobs.slots) / 2;
   if (knobs.chunkBytes > half) knobs.chunkBytes = half;
+  if (knobs.oneShotBytes > half) knobs.oneShotBytes = half;  // every send fits, unreceived
   return knobs;
 }
 

@@ -38,6 +38,7 @@ struct Knobs {
   size_t chunkBytes;         // bytes per pipeline chunk of a collective step
   size_t slotBytes;          // bytes per FIFO slot of a connection
   int slots;                 // slots per FIFO
+  size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

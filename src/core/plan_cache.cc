@@ -3,7 +3,8 @@
 namespace braid {
 
 std::shared_ptr<const algo::Plan> PlanCache::get(Collective collective, const algo::Shape& shape) {
-  Key key{collective, shape.root, shape.peer, shape.count, shape.chunkElems, shape.alignElems};
+  Key key{collective,       shape.root,       shape.peer,    shape.count,
+          shape.chunkElems, shape.alignElems, shape.elemSize};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second;
   algo::Plan plan;

@@ -26,6 +26,9 @@ class PlanCache {
   // immutable and shared: a group may hold one while the cache evicts it.
   std::shared_ptr<const algo::Plan> get(Collective collective, const algo::Shape& shape);
 
+  // All-reduces of at most this many bytes use the one-shot plan.
+  explicit PlanCache(size_t oneShotBytes) : oneShotBytes_(oneShotBytes) {}
+
  private:
   struct Key {
     Collective collective;
@@ -34,10 +37,11 @@ class PlanCache {
     size_t count;
     size_t chunkElems;
     size_t alignElems;
+    size_t elemSize;
     bool operator==(const Key& other) const {
       return collective == other.collective && root == other.root && peer == other.peer &&
              count == other.count && chunkElems == other.chunkElems &&
-             alignElems == other.alignElems;
+             alignElems == other.alignElems && elemSize == other.elemSize;
     }
   };
   struct KeyHash {
@@ -45,12 +49,13 @@ class PlanCache {
       uint64_t h = static_cast<uint64_t>(k.collective) * 0x9E3779B97F4A7C15ull;
       for (uint64_t v : {static_cast<uint64_t>(k.root), static_cast<uint64_t>(k.peer),
                          static_cast<uint64_t>(k.count), static_cast<uint64_t>(k.chunkElems),
-                         static_cast<uint64_t>(k.alignElems)})
+                         static_cast<uint64_t>(k.alignElems), static_cast<uint64_t>(k.elemSize)})
         h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
       return static_cast<size_t>(h ^ (h >> 31));
     }
   };
   static constexpr size_t kMaxEntries = 512;
+  size_t oneShotBytes_;
   std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
 };
 

@@ -14,7 +14,21 @@ namespace {
 
 using algo::StepKind;
 
-bool receives(StepKind kind) { return kind != StepKind::Send && kind != StepKind::Copy; }
+bool receives(StepKind kind) {
+  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
+}
+
+std::byte* bufferOf(const Lane& lane, algo::Buffer buffer) {
+  switch (buffer) {
+    case algo::Buffer::Input:
+      return const_cast<std::byte*>(lane.input);
+    case algo::Buffer::Output:
+      return lane.output;
+    case algo::Buffer::Scratch:
+      return lane.scratch;
+  }
+  return nullptr;
+}
 bool sends(StepKind kind) {
   return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
          kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
@@ -104,13 +118,15 @@ bool Executor::advance(Lane& lane) {
   // Only the buffers a step uses are touched (non-roots may pass null ones).
   const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
   const bool writesDst = step.kind != StepKind::Send && step.kind != StepKind::RecvReduceSend;
-  const std::byte* src = readsSrc ? (step.src == algo::Buffer::Input ? lane.input : lane.output) +
-                                        step.srcOffset * lane.elemSize
-                                  : nullptr;
-  std::byte* dst = writesDst ? lane.output + step.dstOffset * lane.elemSize : nullptr;
+  const std::byte* src =
+      readsSrc ? bufferOf(lane, step.src) + step.srcOffset * lane.elemSize : nullptr;
+  std::byte* dst = writesDst ? bufferOf(lane, step.dst) + step.dstOffset * lane.elemSize : nullptr;
 
-  if (step.kind == StepKind::Copy) {
-    if (src != dst) std::memmove(dst, src, total);
+  if (step.kind == StepKind::Copy || step.kind == StepKind::Reduce) {
+    if (step.kind == StepKind::Reduce)
+      lane.kernel(dst, dst, src, step.count);
+    else if (src != dst)
+      std::memmove(dst, src, total);
     if (step.finalize) reduce::finalize(dst, step.count, lane.type, lane.op, lane.nranks);
     ++lane.step;
     return true;
@@ -170,6 +186,7 @@ bool Executor::advance(Lane& lane) {
         std::memcpy(slotMemory, message->data, piece);
         break;
       case StepKind::Copy:
+      case StepKind::Reduce:
         break;
     }
     if (out) out->postSend(static_cast<uint32_t>(piece), lane.tag);
@@ -244,6 +261,8 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::time_point st
 void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
                    const std::atomic<bool>& aborted) {
   const Clock::time_point started = Clock::now();
+  if (scratch_.size() < count * algo::kScratchBytes) scratch_.resize(count * algo::kScratchBytes);
+  for (size_t i = 0; i < count; ++i) lanes[i].scratch = scratch_.data() + i * algo::kScratchBytes;
   std::unique_ptr<Arbiter> arbiter;
   if (count > 1)
     arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));

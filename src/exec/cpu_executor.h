@@ -41,6 +41,7 @@ struct Lane {
   const algo::Plan* plan = nullptr;
   const std::byte* input = nullptr;
   std::byte* output = nullptr;
+  std::byte* scratch = nullptr;  // kScratchBytes of the executor's, set by run()
   size_t elemSize = 1;
   DataType type = DataType::Uint8;
   ReduceOp op = ReduceOp::Sum;
@@ -80,6 +81,7 @@ class Executor {
   int rank_;
   size_t pieceBytes_;
   std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
+  std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
 };
 
 }  // namespace braid::exec
