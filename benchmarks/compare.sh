@@ -1,0 +1,562 @@
+#!/usr/bin/env bash
+# Compares braid's all-reduce with its peers on this machine (DESIGN.md §8).
+#
+#   benchmarks/compare.sh OUTDIR
+#
+# Runs, each under `timeout`, at NRANKS ranks (default 2) and the same sizes:
+#   braid     braid-run -n N braid-perf allreduce (braid's own transport choice,
+#             and again with BRAID_TRANSPORT=T for each T in BRAID_ALSO)
+#   Open MPI  mpirun.openmpi --oversubscribe --bind-to none peer-ompi-allreduce,
+#             once with its default transports and once with --mca btl self,vader
+#             (shared memory only)
+#   MPICH     mpiexec.mpich peer-mpich-allreduce
+#   Gloo      braid-run -n N peer-gloo-allreduce -A ALGO for each of GLOO_ALGOS
+#   memcpy    braid-memcpy-bw -p N, the machine's copy bandwidth
+# and writes OUTDIR/results.md (one row per size: each implementation's time
+# and busbw, the best peer, braid's ratios; the memcpy bound; the machine; the
+# exact commands) and OUTDIR/compare.png (busbw and time vs size, log-log).
+# Every program's own output and JSON stay in OUTDIR too. A peer whose
+# program or launcher is missing, or whose run fails or times out, is skipped
+# and named on stdout; braid itself failing is an error.
+#
+# Settings (environment):
+#   BUILD        build folder (default: build, beside this folder)
+#   BRAID_BIN    where braid-run and braid-perf are (default: $BUILD/bin)
+#   PEERS_BIN    where the peer programs and braid-memcpy-bw are (default: $BUILD/bin)
+#   NRANKS       ranks (default 2)
+#   MINBYTES MAXBYTES FACTOR   sizes (default 8, 64M, 2)
+#   ITERS WARMUP timed and warm-up calls per size (default 20, 5)
+#   BRAID_ALSO   braid transports to run too, as extra columns (e.g. "tcp";
+#                default none); braid's ratios are those of its own choice
+#   GLOO_ALGOS   Gloo variants, best per size is shown (default
+#                "default ring ring-legacy halving-doubling")
+#   RUN_TIMEOUT  seconds for each run (default 600)
+#   REPEAT       rounds of all the runs; each size keeps its best (default 1)
+#   MEMCPY_BYTES buffer each memcpy process copies (default 256M)
+set -euo pipefail
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+}
+if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  usage
+  [ $# -eq 1 ] && exit 0
+  exit 2
+fi
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1"
+out=$(cd "$1" && pwd)
+BUILD=${BUILD:-$repo/build}
+BRAID_BIN=${BRAID_BIN:-$BUILD/bin}
+PEERS_BIN=${PEERS_BIN:-$BUILD/bin}
+# Absolute, so the recorded commands run from anywhere.
+[ -d "$BRAID_BIN" ] && BRAID_BIN=$(cd "$BRAID_BIN" && pwd)
+[ -d "$PEERS_BIN" ] && PEERS_BIN=$(cd "$PEERS_BIN" && pwd)
+BRAID_ALSO=${BRAID_ALSO:-}
+NRANKS=${NRANKS:-2}
+MINBYTES=${MINBYTES:-8}
+MAXBYTES=${MAXBYTES:-64M}
+FACTOR=${FACTOR:-2}
+ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-5}
+GLOO_ALGOS=${GLOO_ALGOS:-default ring ring-legacy halving-doubling}
+RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+REPEAT=${REPEAT:-1}
+MEMCPY_BYTES=${MEMCPY_BYTES:-256M}
+
+python=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null 2>&1; then
+    python=$(command -v "$p")
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "compare: python3 is needed to read the JSON results (apt-get install python3)" >&2
+  exit 1
+fi
+for tool in braid-run braid-perf; do
+  if [ ! -x "$BRAID_BIN/$tool" ]; then
+    echo "compare: no $BRAID_BIN/$tool: build braid first (scripts/build.sh) or set BRAID_BIN" >&2
+    exit 1
+  fi
+done
+
+sizes=(-b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
+manifest=$out/runs.tsv    # label, json, status, command: one line per run
+: >"$manifest"
+skipped=()
+
+# record LABEL NAME STATUS COMMAND...: a manifest line, without running.
+record() {
+  local label=$1 name=$2 status=$3
+  shift 3
+  local line=""
+  [ $# -gt 0 ] && line=$(printf '%q ' "$@")
+  printf '%s\t%s\t%s\t%s\n' "$label" "$name" "$status" "${line% }" >>"$manifest"
+}
+
+# run LABEL NAME COMMAND...: runs COMMAND under timeout, its output in
+# OUT/NAME.log; a measuring COMMAND is given -J OUT/NAME.json. Returns 0
+# when it succeeded.
+run() {
+  local label=$1 name=$2
+  shift 2
+  local line status rc=0
+  line=$(printf '%q ' "$@")
+  echo "compare: $label: ${line% }"
+  timeout --kill-after=10 "$RUN_TIMEOUT" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    status=ok
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status="timed out after ${RUN_TIMEOUT}s (see $name.log)"
+  else
+    status="failed with exit code $rc (see $name.log)"
+  fi
+  record "$label" "$name" "$status" "$@"
+  if [ "$status" != ok ]; then
+    echo "compare: $label $status" >&2
+    tail -n 5 "$out/$name.log" | sed 's/^/    /' >&2
+    return 1
+  fi
+}
+
+skip() {
+  skipped+=("$1: $2")
+  echo "compare: skipped $1: $2"
+  record "$1" "" "skipped: $2"
+}
+
+# cpu_busy: the share of CPU time (percent) not idle over the next second:
+# what else runs on the machine, which skews every number here.
+cpu_busy() {
+  local a b
+  read -r -a a < <(head -n 1 /proc/stat)
+  sleep 1
+  read -r -a b < <(head -n 1 /proc/stat)
+  local total=0 i
+  for i in 1 2 3 4 5 6 7 8; do
+    total=$((total + ${b[i]:-0} - ${a[i]:-0}))
+  done
+  local idle=$((b[4] - a[4] + b[5] - a[5]))
+  [ "$total" -gt 0 ] || total=1
+  echo $((100 * (total - idle) / total))
+}
+
+# The all-reduce jobs: a label, a file name, and the command (shell-quoted)
+# without its -J. Each round runs every job once, in this order, so that a
+# passing load falls on all alike; the tables keep each size's best round.
+job_labels=()
+job_names=()
+job_commands=()
+job() {
+  local label=$1 name=$2
+  shift 2
+  job_labels+=("$label")
+  job_names+=("$name")
+  job_commands+=("$(printf '%q ' "$@")")
+}
+
+job braid braid "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+for transport in $BRAID_ALSO; do
+  job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$transport" \
+    "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+done
+
+# Open MPI: its default transports, then shared memory only.
+ompi_root=()
+[ "$(id -u)" -eq 0 ] && ompi_root=(--allow-run-as-root)
+if [ ! -x "$PEERS_BIN/peer-ompi-allreduce" ]; then
+  skip "Open MPI" "no $PEERS_BIN/peer-ompi-allreduce (libopenmpi-dev missing at configure time?)"
+elif ! command -v mpirun.openmpi >/dev/null 2>&1; then
+  skip "Open MPI" "no mpirun.openmpi (openmpi-bin)"
+else
+  ompi=(mpirun.openmpi "${ompi_root[@]}" -np "$NRANKS" --oversubscribe --bind-to none)
+  job "Open MPI" ompi "${ompi[@]}" "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
+  job "Open MPI vader" ompi-vader "${ompi[@]}" --mca btl self,vader \
+    "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
+fi
+
+# MPICH, through its Hydra launcher.
+if [ ! -x "$PEERS_BIN/peer-mpich-allreduce" ]; then
+  skip MPICH "no $PEERS_BIN/peer-mpich-allreduce (libmpich-dev missing at configure time?)"
+elif ! command -v mpiexec.mpich >/dev/null 2>&1; then
+  skip MPICH "no mpiexec.mpich (mpich)"
+else
+  job MPICH mpich mpiexec.mpich -n "$NRANKS" "$PEERS_BIN/peer-mpich-allreduce" "${sizes[@]}"
+fi
+
+# Gloo, started by braid-run (which hands out the ranks), one job per variant.
+if [ ! -x "$PEERS_BIN/peer-gloo-allreduce" ]; then
+  skip Gloo "no $PEERS_BIN/peer-gloo-allreduce (libgloo-dev missing at configure time?)"
+else
+  for algo in $GLOO_ALGOS; do
+    job "Gloo $algo" "gloo-$algo" "$BRAID_BIN/braid-run" -n "$NRANKS" \
+      "$PEERS_BIN/peer-gloo-allreduce" -A "$algo" "${sizes[@]}"
+  done
+fi
+
+busy_before=$(cpu_busy)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+if [ "$busy_before" -gt 10 ]; then
+  echo "compare: warning: the CPUs are ${busy_before}% busy before the runs; the numbers will be skewed"
+fi
+
+failed=()  # indices of jobs that failed once: not run again
+for round in $(seq 1 "$REPEAT"); do
+  suffix=""
+  [ "$round" -gt 1 ] && suffix=".r$round"
+  for i in "${!job_labels[@]}"; do
+    [[ " ${failed[*]} " == *" $i "* ]] && continue
+    label=${job_labels[$i]}
+    file=${job_names[$i]}$suffix
+    cmd=()
+    eval "cmd=(${job_commands[$i]})"
+    if ! run "$label" "$file" "${cmd[@]}" -J "$out/$file.json"; then
+      if [ "$label" = braid ]; then
+        echo "compare: braid itself failed; see $out/$file.log" >&2
+        exit 1
+      fi
+      failed+=("$i")
+      skipped+=("$label: its run failed ($file.log)")
+    fi
+  done
+done
+
+# The memory-copy bound.
+if [ ! -x "$PEERS_BIN/braid-memcpy-bw" ]; then
+  skip memcpy "no $PEERS_BIN/braid-memcpy-bw"
+else
+  run memcpy memcpy "$PEERS_BIN/braid-memcpy-bw" -p "$NRANKS" -s "$MEMCPY_BYTES" \
+    -J "$out/memcpy.json" || skipped+=("memcpy: its run failed (memcpy.log)")
+fi
+
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+busy_after=$(cpu_busy)
+
+# The machine.
+cpu_model=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+cpus=$(nproc --all)
+threads_per_core=$(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p' | head -n 1)
+mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo)
+os=$(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null || true)
+commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git -C "$repo" status --porcelain 2>/dev/null)" ]; then
+  commit="$commit (work tree has uncommitted changes)"
+fi
+{
+  echo "cpu=${cpu_model:-unknown}"
+  echo "cpus=$cpus"
+  echo "threads_per_core=${threads_per_core:-unknown}"
+  echo "memory_gib=$(awk -v k="${mem_kib:-0}" 'BEGIN { printf "%.1f", k / 1048576 }')"
+  echo "kernel=$(uname -r)"
+  echo "os=${os:-unknown}"
+  echo "commit=$commit"
+  echo "braid_bin=$BRAID_BIN"
+  echo "packages=$(dpkg-query -W -f='${Package} ${Version}, ' libopenmpi-dev libmpich-dev \
+    libgloo-dev 2>/dev/null | sed 's/, $//')"
+  echo "load_before=$load_before"
+  echo "load_after=$load_after"
+  echo "busy_before=$busy_before"
+  echo "busy_after=$busy_after"
+  echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "nranks=$NRANKS"
+} >"$out/machine.txt"
+
+# gnuplot's PNG terminal: cairo's when it has it, else libgd's; none: no plot.
+terminal=""
+if command -v gnuplot >/dev/null 2>&1; then
+  for t in pngcairo png; do
+    if gnuplot -e "set terminal $t" >/dev/null 2>&1; then
+      terminal=$t
+      break
+    fi
+  done
+fi
+
+"$python" - "$out" "$terminal" <<'PYTHON'
+"""Reads OUT/runs.tsv and the JSON files it names; writes results.md,
+plot.dat and plot.gp."""
+import json
+import os
+import sys
+
+out, terminal = sys.argv[1], sys.argv[2]
+have_gnuplot = terminal != ""
+SMALL = 64 * 1024  # sizes up to this also get a latency ratio
+
+
+def human(size):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def fmt(value, digits=3):
+    if value is None:
+        return "–"
+    if value == 0:
+        return "0"
+    text = f"{value:.{digits}g}"
+    return text if "e" not in text else f"{value:.1e}"
+
+
+def fmt_time(us):
+    return "–" if us is None else (f"{us:.2f}" if us < 1e4 else f"{us:.0f}")
+
+
+runs = []
+with open(os.path.join(out, "runs.tsv")) as f:
+    for line in f:
+        label, name, status, command = line.rstrip("\n").split("\t", 3)
+        runs.append({"label": label, "name": name, "status": status, "command": command})
+
+machine = {}
+with open(os.path.join(out, "machine.txt")) as f:
+    for line in f:
+        key, _, value = line.rstrip("\n").partition("=")
+        machine[key] = value
+
+
+def load(name):
+    path = os.path.join(out, name + ".json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# Per implementation: {size: (time_us, busbw)} from the out-of-place results,
+# busbw recomputed from the time at full precision.
+def series(doc):
+    n = doc["nranks"]
+    factor = 2 * (n - 1) / n
+    points = {}
+    for r in doc["results"]:
+        m = r["out_of_place"]
+        if m.get("wrong") not in (0, None):
+            continue
+        t = m["time_us"]
+        points[r["size"]] = (t, r["size"] / (t * 1e3) * factor if t > 0 else None)
+    return points
+
+
+# Per label, each size's best (lowest time) over its rounds, and which
+# variant gave it; every Gloo variant counts as one implementation, "Gloo".
+impls = []  # (label, points, library)
+notes = []
+best_of = {}  # label -> {size: (time, busbw, variant)}
+libraries = {}
+rounds = {}
+for run in runs:
+    label = run["label"]
+    if run["status"] != "ok" or label == "memcpy":
+        continue
+    doc = load(run["name"])
+    if doc is None:
+        notes.append(f"{label}: no readable {run['name']}.json")
+        continue
+    group, variant = ("Gloo", label.split(" ", 1)[1]) if label.startswith("Gloo ") else (label, "")
+    rounds[label] = rounds.get(label, 0) + 1
+    libraries.setdefault(group, doc.get("library", "").split(" (")[0])
+    best = best_of.setdefault(group, {})
+    for size, (t, bw) in series(doc).items():
+        if size not in best or t < best[size][0]:
+            best[size] = (t, bw, variant)
+for group, best in best_of.items():
+    if group != "Gloo":
+        impls.append((group, {s: (t, bw) for s, (t, bw, _) in best.items()}, libraries[group]))
+gloo_wins = {}
+if "Gloo" in best_of:
+    best = best_of["Gloo"]
+    library = libraries["Gloo"]
+    if best:
+        for size, (_, _, algo) in best.items():
+            gloo_wins[algo] = gloo_wins.get(algo, 0) + 1
+        impls.append(("Gloo", {s: (t, bw) for s, (t, bw, _) in best.items()}, library))
+        gloo_choice = {s: a for s, (_, _, a) in best.items()}
+
+braid = next((points for label, points, _ in impls if label == "braid"), {})
+peers = [(label, points) for label, points, _ in impls if not label.startswith("braid")]
+sizes = sorted(braid)
+
+lines = []
+lines.append(f"# braid vs peers: all-reduce, float32 sum, {machine.get('nranks')} ranks, one host\n")
+lines.append(
+    "Out-of-place; time = mean µs per call after warm-up, the slowest rank's; "
+    "busbw = size / time × 2(n−1)/n in GB/s (1 GB = 1e9 B), as braid-perf and nccl-tests. "
+    "Every run verified its results (any wrong element fails the run). "
+    f"Each size shows its best of {max(rounds.values(), default=0)} round(s).\n")
+head = ["size"]
+for label, _, _ in impls:
+    head += [f"{label} µs", f"{label} busbw"]
+head += ["best peer", "braid/best busbw", "braid/best time"]
+lines.append("| " + " | ".join(head) + " |")
+lines.append("|" + "|".join(["---:"] * (len(head) - 3) + [":---", "---:", "---:"]) + "|")
+for size in sizes:
+    row = [human(size)]
+    for _, points, _ in impls:
+        t, bw = points.get(size, (None, None))
+        row += [fmt_time(t), fmt(bw)]
+    candidates = [(points[size][0], label) for label, points in peers if size in points]
+    if candidates:
+        best_time, best_label = min(candidates)
+        if best_label == "Gloo":
+            best_label = f"Gloo {gloo_choice[size]}"
+        braid_time = braid[size][0]
+        bw_ratio = best_time / braid_time  # busbw ratio braid/best = inverse time ratio
+        row += [best_label, f"{bw_ratio:.2f}",
+                f"{braid_time / best_time:.2f}×" if size <= SMALL else "–"]
+    else:
+        row += ["–", "–", "–"]
+    lines.append("| " + " | ".join(row) + " |")
+lines.append("")
+lines.append("braid/best busbw > 1: braid moves more bytes per second than the best peer; "
+             f"braid/best time (sizes ≤ {human(SMALL)}) > 1: braid's call takes that many "
+             "times longer.")
+if gloo_wins:
+    wins = ", ".join(f"{a} at {n} size{'s' if n > 1 else ''}" for a, n in sorted(gloo_wins.items(), key=lambda x: -x[1]))
+    lines.append(f"Gloo column: the fastest of its variants at each size ({wins}); "
+                 "each variant's own table is in gloo-*.log.")
+lines.append("")
+
+memcpy = None
+memcpy_run = next((r for r in runs if r["label"] == "memcpy"), None)
+if memcpy_run and memcpy_run["status"] == "ok":
+    memcpy = load("memcpy")
+if memcpy:
+    per = memcpy["per_process_gbps"]
+    lines.append(
+        f"**Memory-copy bound** (braid-memcpy-bw, {memcpy['procs']} processes each copying "
+        f"{human(memcpy['bytes'])} at once, best of {memcpy['reps']}): aggregate "
+        f"{memcpy['aggregate_gbps']:.2f} GB/s, so {per:.2f} GB/s per process while all copy "
+        f"(one copy alone at best {memcpy['solo_best_gbps']:.2f} GB/s). "
+        "A rank must at least read its input and write its output, so its algbw "
+        "cannot beat its per-process copy rate.")
+    big = [s for s in sizes if s >= 32 << 20]
+    factor = 2 * (int(machine.get("nranks", 2)) - 1) / int(machine.get("nranks", 2))
+    parts = []
+    for s in big:
+        algbw = braid[s][1] / factor
+        parts.append(f"{human(s)}: {algbw:.3f} GB/s = {100 * algbw / per:.1f}%")
+    if parts:
+        lines.append("")
+        lines.append("braid algbw at ≥ 32 MiB, as a share of the per-process copy bandwidth: "
+                     + "; ".join(parts) + ".")
+        best_parts = []
+        for s in big:
+            candidates = [(points[s][0], label) for label, points in peers if s in points]
+            if candidates:
+                t, label = min(candidates)
+                algbw = s / (t * 1e3)
+                best_parts.append(f"{human(s)}: {label} {algbw:.3f} GB/s = {100 * algbw / per:.1f}%")
+        if best_parts:
+            lines.append("The best peer there: " + "; ".join(best_parts) + ".")
+else:
+    lines.append("**Memory-copy bound**: not measured (braid-memcpy-bw missing or failed).")
+lines.append("")
+
+lines.append("## Machine\n")
+lines.append(f"- CPU: {machine.get('cpu')}, {machine.get('cpus')} logical CPUs "
+             f"({machine.get('threads_per_core')} thread(s) per core)")
+lines.append(f"- memory: {machine.get('memory_gib')} GiB; kernel {machine.get('kernel')}; "
+             f"{machine.get('os')}")
+lines.append(f"- other load: CPUs {machine.get('busy_before')}% busy in the second before the "
+             f"runs, {machine.get('busy_after')}% in the second after; load average "
+             f"(1, 5, 15 min) before {machine.get('load_before')}, after "
+             f"{machine.get('load_after')}")
+if int(machine.get("busy_before") or 0) > 10:
+    lines.append("- **warning**: the machine was busy before the runs; these numbers are skewed")
+lines.append(f"- braid: {machine.get('braid_bin')}; this tree's commit {machine.get('commit')}; "
+             f"measured {machine.get('date')}")
+if machine.get("packages"):
+    lines.append(f"- Debian packages: {machine.get('packages')}")
+libraries = [f"{label}: {lib}" for label, _, lib in impls if lib and not label.startswith("braid")]
+if libraries:
+    lines.append("- peers: " + "; ".join(libraries))
+lines.append("")
+
+lines.append("## Runs\n")
+skipped = [r for r in runs if r["status"] != "ok"]
+if skipped:
+    for r in skipped:
+        lines.append(f"- {r['label']}: {r['status']}")
+else:
+    lines.append("- every run succeeded")
+for note in notes:
+    lines.append(f"- {note}")
+if not have_gnuplot:
+    lines.append("- no plot: gnuplot (with a PNG terminal) is not installed "
+                 "(scripts/install-peers.sh)")
+lines.append("")
+lines.append("```sh")
+for r in runs:
+    if r["command"]:
+        lines.append(r["command"])
+lines.append("```")
+
+with open(os.path.join(out, "results.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+# The plot's data: size, then time and busbw per implementation ("?" = none).
+with open(os.path.join(out, "plot.dat"), "w") as f:
+    f.write("# size " + " ".join(f'"{label}_us" "{label}_busbw"' for label, _, _ in impls) + "\n")
+    all_sizes = sorted({s for _, points, _ in impls for s in points})
+    for s in all_sizes:
+        cols = [str(s)]
+        for _, points, _ in impls:
+            t, bw = points.get(s, (None, None))
+            cols += [f"{t:.6g}" if t else "?", f"{bw:.6g}" if bw else "?"]
+        f.write(" ".join(cols) + "\n")
+
+with open(os.path.join(out, "plot.gp"), "w") as f:
+    title = f"all-reduce float32 sum, {machine.get('nranks')} ranks, {machine.get('cpu')}"
+    title = title.replace('"', "'")
+    all_sizes = sorted({s for _, points, _ in impls for s in points}) or [1]
+    tics = []
+    s = all_sizes[0]
+    while s <= all_sizes[-1]:
+        tics.append(f'"{human(s).replace(" ", "")}" {s}')
+        s *= 8
+    f.write(f"""set terminal {terminal} size 1500,600 noenhanced
+
+set output "{os.path.join(out, 'compare.png')}"
+set datafile missing "?"
+set multiplot layout 1,2 title "{title}"
+set logscale xy
+set grid
+set key top left
+set xtics ({", ".join(tics)})
+set xlabel "size"
+set format y "%g"
+set ylabel "busbw (GB/s)"
+set title "bus bandwidth (higher is better)"
+plot """ + ", \\\n     ".join(
+        f'"plot.dat" using 1:{3 + 2 * i} with linespoints title "{label}"'
+        for i, (label, _, _) in enumerate(impls)) + """
+set ylabel "time per call (us)"
+set title "time (lower is better)"
+set key top left
+plot """ + ", \\\n     ".join(
+        f'"plot.dat" using 1:{2 + 2 * i} with linespoints title "{label}"'
+        for i, (label, _, _) in enumerate(impls)) + """
+unset multiplot
+""")
+PYTHON
+
+if [ -n "$terminal" ]; then
+  if ! (cd "$out" && gnuplot plot.gp >"$out/gnuplot.log" 2>&1); then
+    echo "compare: gnuplot failed (see $out/gnuplot.log); no compare.png" >&2
+  fi
+else
+  echo "compare: gnuplot is not installed: no compare.png (scripts/install-peers.sh installs it)"
+fi
+
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo "compare: skipped or failed:"
+  printf '  %s\n' "${skipped[@]}"
+fi
+echo "compare: wrote $out/results.md$([ -f "$out/compare.png" ] && echo " and $out/compare.png")"
