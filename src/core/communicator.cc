@@ -1,5 +1,7 @@
 #include "braid/communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -33,6 +35,19 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
 net::Address listenAddressFor(const net::Address& root, const Knobs& knobs) {
   if (!knobs.socketIfname.empty()) return net::interfaceAddress(knobs.socketIfname);
   return net::routeTo(root);
+}
+
+int localRanks(const bootstrap::Bootstrap& bootstrap) {
+  const std::string& host = bootstrap.table()[bootstrap.rank()].hostId;
+  return static_cast<int>(std::count_if(bootstrap.table().begin(), bootstrap.table().end(),
+                                        [&](const auto& peer) { return peer.hostId == host; }));
+}
+
+int usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
 }
 
 // Plans and connections are built from knobs each rank reads for itself;
@@ -154,7 +169,8 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
-  executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes);
+  executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes,
+                                              localRanks(*bootstrap) <= usableCores());
 }
 
 Communicator::Impl::~Impl() {

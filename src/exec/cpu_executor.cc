@@ -34,10 +34,21 @@ bool sends(StepKind kind) {
          kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
 }
 
-// How long an idle executor spins before it sleeps in the transports, and
-// the longest single sleep (so abort() is noticed promptly).
+// An idle executor first spins (the peer is usually a few hundred
+// nanoseconds away), then spins yielding its core (the peer may need it),
+// then sleeps in the transports. The longest single sleep bounds how late
+// abort() is noticed.
+constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // One turn of a wait that cannot block on every transport at once.
 constexpr auto kShortSleep = std::chrono::microseconds(200);
 
@@ -95,8 +106,8 @@ class Arbiter {
 
 }  // namespace
 
-Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes)
-    : wiring_(wiring), rank_(rank), pieceBytes_(pieceBytes) {
+Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst)
+    : wiring_(wiring), rank_(rank), pieceBytes_(pieceBytes), spinFirst_(spinFirst) {
   for (auto& transport : wiring_.transports)
     if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
 }
@@ -295,12 +306,15 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
         idleSince = now;
       }
       if (now >= deadline) failStalled(lanes, count, started, deadline);
-      if (now - idleSince > kSpin) {
+      const auto idleFor = now - idleSince;
+      if (idleFor > kSpin) {
         waitForActivity(std::min(deadline, now + kLongestSleep));
-      } else {
+      } else if (!spinFirst_ || idleFor > kPureSpin) {
         // With more ranks than cores, the peer this rank waits for may be
         // waiting for a core: give it ours.
         sched_yield();
+      } else {
+        cpuRelax();
       }
     }
   } catch (const Error& error) {

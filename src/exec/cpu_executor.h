@@ -58,8 +58,10 @@ struct Lane {
 class Executor {
  public:
   // `wiring` outlives the executor. Every message is at most `pieceBytes`
-  // (one slot), the same on every rank and every transport.
-  Executor(transport::Wiring& wiring, int rank, size_t pieceBytes);
+  // (one slot), the same on every rank and every transport. `spinFirst`:
+  // an idle wait may busy-spin a few microseconds before it yields the core
+  // (false when this host has more ranks than cores).
+  Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst);
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -80,6 +82,7 @@ class Executor {
   transport::Wiring& wiring_;
   int rank_;
   size_t pieceBytes_;
+  bool spinFirst_;
   std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
   std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
 };
