@@ -81,13 +81,25 @@ std::string formatTime(double us) {
   return text;
 }
 
+// What one collective's table adds up to.
+struct Result {
+  uint64_t wrong = 0;   // elements that differed from the expected values
+  double busbwSum = 0;  // over every measurement
+  size_t measurements = 0;
+  std::string json;  // the collective's results as one JSON object
+};
+
 class Runner {
  public:
-  Runner(Communicator& comm, const Options& options)
-      : comm_(comm), options_(options), rank_(comm.rank()), nranks_(comm.size()) {}
+  Runner(Communicator& comm, const Options& options, Collective collective)
+      : comm_(comm),
+        options_(options),
+        collective_(collective),
+        rank_(comm.rank()),
+        nranks_(comm.size()) {}
 
-  // Measures every size; returns the exit code.
-  int run();
+  // Measures every size and prints the table (rank 0).
+  Result run();
 
  private:
   struct Placement {
@@ -103,10 +115,11 @@ class Runner {
 
   void printHeader(const std::vector<size_t>& sizes) const;
   void printRow(const Row& row) const;
-  void writeJson(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const;
+  std::string json(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const;
 
   Communicator& comm_;
   const Options& options_;
+  Collective collective_;
   int rank_;
   int nranks_;
   std::unique_ptr<Buffer> send_, recv_;
@@ -118,7 +131,7 @@ Runner::Placement Runner::placement(DataType type, size_t count, bool inPlace) c
   if (!inPlace) return {send, recv};
   // NCCL's in-place conventions: this rank's slice of the big buffer.
   size_t offset = static_cast<size_t>(rank_) * count * dataTypeSize(type);
-  switch (options_.collective) {
+  switch (collective_) {
     case Collective::AllGather:
       return {recv + offset, recv};
     case Collective::ReduceScatter:
@@ -130,7 +143,7 @@ Runner::Placement Runner::placement(DataType type, size_t count, bool inPlace) c
 
 void Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p) {
   int root = options_.root;
-  switch (options_.collective) {
+  switch (collective_) {
     case Collective::AllReduce:
       comm_.allReduce(p.send, p.recv, count, type, op).wait();
       break;
@@ -187,8 +200,8 @@ uint64_t Runner::sumOverRanks(uint64_t value) {
 
 Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPlace) {
   Placement p = placement(type, count, inPlace);
-  CheckCase check{
-      options_.collective, type, op, options_.root, count, rank_, nranks_, inPlace, p.send, p.recv};
+  CheckCase check{collective_, type,    op,      options_.root, count,
+                  rank_,       nranks_, inPlace, p.send,        p.recv};
   prepareCheck(check);  // the timed calls run on ordinary numbers too
 
   for (int i = 0; i < options_.warmup; ++i) issue(type, op, count, p);
@@ -199,9 +212,9 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
 
   Measurement m;
   m.timeUs = aggregateTime(elapsed.count() / options_.iters);
-  double bytes = static_cast<double>(reportedBytes(options_.collective, count, type, nranks_));
+  double bytes = static_cast<double>(reportedBytes(collective_, count, type, nranks_));
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
-  m.busbw = m.algbw * busBandwidthFactor(options_.collective, nranks_);
+  m.busbw = m.algbw * busBandwidthFactor(collective_, nranks_);
   if (options_.check) {
     prepareCheck(check);
     issue(type, op, count, p);
@@ -216,7 +229,7 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
   for (DataType t : options_.types)
     types += (types.empty() ? "" : ",") + std::string(dataTypeName(t));
   for (ReduceOp o : options_.ops) ops += (ops.empty() ? "" : ",") + std::string(reduceOpName(o));
-  Collective c = options_.collective;
+  Collective c = collective_;
   std::printf("# braid-perf, braid %s\n", BRAID_VERSION_STRING);
   std::printf(
       "# nranks %d, collective %s, dtype %s, op %s, root %d, iters %d, warmup %d, check %d\n",
@@ -261,40 +274,38 @@ void Runner::printRow(const Row& row) const {
   std::fflush(stdout);
 }
 
-void Runner::writeJson(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const {
-  std::FILE* file = std::fopen(options_.jsonPath.c_str(), "w");
-  if (!file)
-    throw std::runtime_error("cannot write " + options_.jsonPath + ": " + std::strerror(errno));
-  Collective c = options_.collective;
-  std::fprintf(file,
-               "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
-               "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"results\": [",
-               collectiveName(c), nranks_, options_.iters, options_.warmup,
-               options_.check ? "true" : "false", averageName(options_.average));
+std::string Runner::json(const std::vector<Row>& rows, uint64_t wrong, double avgBusbw) const {
+  std::string out;
+  auto add = [&](const char* fmt, auto... args) {
+    char buffer[512];
+    std::snprintf(buffer, sizeof(buffer), fmt, args...);
+    out += buffer;
+  };
+  add("{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
+      "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"results\": [",
+      collectiveName(collective_), nranks_, options_.iters, options_.warmup,
+      options_.check ? "true" : "false", averageName(options_.average));
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    std::fprintf(file,
-                 "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
-                 "\"root\": %d",
-                 i ? "," : "", r.bytes, r.count, dataTypeName(r.type), r.op, r.root);
+    add("%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+        "\"root\": %d",
+        i ? "," : "", r.bytes, r.count, dataTypeName(r.type), r.op, r.root);
     for (auto [name, m] :
          {std::make_pair("out_of_place", &r.outOfPlace), std::make_pair("in_place", &r.inPlace)}) {
       std::string wrongText = m->checked ? std::to_string(m->wrong) : "null";
-      std::fprintf(file,
-                   ",\n     \"%s\": {\"time_us\": %.3f, \"algbw_gbps\": %.4f, "
-                   "\"busbw_gbps\": %.4f, \"wrong\": %s}",
-                   name, m->timeUs, m->algbw, m->busbw, wrongText.c_str());
+      add(",\n     \"%s\": {\"time_us\": %.3f, \"algbw_gbps\": %.4f, "
+          "\"busbw_gbps\": %.4f, \"wrong\": %s}",
+          name, m->timeUs, m->algbw, m->busbw, wrongText.c_str());
     }
-    std::fprintf(file, "}");
+    out += "}";
   }
-  std::fprintf(file, "\n  ],\n  \"out_of_bounds\": %llu,\n  \"avg_busbw_gbps\": %.4f\n}\n",
-               static_cast<unsigned long long>(wrong), avgBusbw);
-  if (std::fclose(file) != 0)
-    throw std::runtime_error("cannot write " + options_.jsonPath + ": " + std::strerror(errno));
+  add("\n  ],\n  \"out_of_bounds\": %llu,\n  \"avg_busbw_gbps\": %.4f\n}",
+      static_cast<unsigned long long>(wrong), avgBusbw);
+  return out;
 }
 
-int Runner::run() {
-  Collective c = options_.collective;
+Result Runner::run() {
+  Collective c = collective_;
   std::vector<size_t> sizes = sizeSteps(options_);
   size_t sendBytes = 0, recvBytes = 0;
   for (DataType type : options_.types) {
@@ -333,13 +344,50 @@ int Runner::run() {
     }
   }
 
-  double avgBusbw = rows.empty() ? 0 : busbwSum / (2 * static_cast<double>(rows.size()));
+  Result result;
+  result.wrong = wrong;
+  result.busbwSum = busbwSum;
+  result.measurements = 2 * rows.size();
+  double avgBusbw = rows.empty() ? 0 : busbwSum / static_cast<double>(result.measurements);
   if (rank_ == 0) {
-    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong),
-                wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %g\n#\n", avgBusbw);
-    std::fflush(stdout);
-    if (!options_.jsonPath.empty()) writeJson(rows, wrong, avgBusbw);
+    if (options_.collectives.size() > 1)
+      std::printf("# %s: out of bounds values %llu, avg bus bandwidth %g\n#\n",
+                  collectiveName(collective_), static_cast<unsigned long long>(wrong), avgBusbw);
+    if (!options_.jsonPath.empty()) result.json = json(rows, wrong, avgBusbw);
+  }
+  return result;
+}
+
+// Runs every collective asked for, prints nccl-tests' closing summary and
+// writes the JSON file; returns the exit code.
+int runAll(Communicator& comm, const Options& options) {
+  uint64_t wrong = 0;
+  double busbwSum = 0;
+  size_t measurements = 0;
+  std::vector<std::string> objects;
+  for (Collective collective : options.collectives) {
+    Result result = Runner(comm, options, collective).run();
+    wrong += result.wrong;
+    busbwSum += result.busbwSum;
+    measurements += result.measurements;
+    objects.push_back(result.json);
+  }
+  if (comm.rank() != 0) return wrong ? 1 : 0;
+  double avgBusbw = measurements ? busbwSum / static_cast<double>(measurements) : 0;
+  std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong),
+              wrong ? "FAILED" : "OK");
+  std::printf("# Avg bus bandwidth    : %g\n#\n", avgBusbw);
+  std::fflush(stdout);
+  if (!options.jsonPath.empty()) {
+    std::string text = objects.size() == 1 ? objects[0] : "{\n\"collectives\": [\n";
+    if (objects.size() > 1) {
+      for (size_t i = 0; i < objects.size(); ++i) text += (i ? ",\n" : "") + objects[i];
+      text += "\n],\n\"out_of_bounds\": " + std::to_string(wrong) +
+              ",\n\"avg_busbw_gbps\": " + std::to_string(avgBusbw) + "\n}";
+    }
+    std::FILE* file = std::fopen(options.jsonPath.c_str(), "w");
+    if (!file || std::fprintf(file, "%s\n", text.c_str()) < 0 || std::fclose(file) != 0)
+      throw std::runtime_error("cannot write " + options.jsonPath + ": " + std::strerror(errno));
   }
   return wrong ? 1 : 0;
 }
@@ -362,12 +410,14 @@ int main(int argc, char** argv) {
   try {
     braid::Communicator comm = braid::Communicator::fromEnvironment();
     rank = comm.rank();
-    if (options.root >= comm.size() && braid::perf::hasRoot(options.collective)) {
+    bool rooted =
+        std::any_of(options.collectives.begin(), options.collectives.end(), braid::perf::hasRoot);
+    if (rooted && options.root >= comm.size()) {
       std::fprintf(stderr, "braid-perf: -r: root %d is not a rank of %d\n", options.root,
                    comm.size());
       return 2;
     }
-    return braid::perf::Runner(comm, options).run();
+    return braid::perf::runAll(comm, options);
   } catch (const std::exception& e) {
     if (rank >= 0) {
       std::fprintf(stderr, "braid-perf: rank %d: %s\n", rank, e.what());

@@ -13,6 +13,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: braid-perf <collective> [options]   (run it under braid-run -n N)\n"
+    "       braid-perf -a [options]             every collective in one run\n"
     "  collective: allreduce, allgather, reducescatter, broadcast, reduce, sendrecv\n"
     "  -b, --minbytes SIZE      smallest size, e.g. 8, 64K, 1M (default 32M)\n"
     "  -e, --maxbytes SIZE      largest size (default 32M)\n"
@@ -25,8 +26,9 @@ constexpr const char* kUsage =
     "                           bfloat16 fp8e4m3 fp8e5m2, or all (default float)\n"
     "  -o, --op OP              sum prod max min avg, or all (default sum)\n"
     "  -r, --root N             root of broadcast and reduce (default 0)\n"
-    "  -a, --average N          time reported: 0 rank 0's, 1 mean, 2 min, 3 max over\n"
-    "                           ranks (default 3)\n"
+    "  -a, --all                every collective, one table each, one summary\n"
+    "  -A, --average N          time reported: 0 rank 0's, 1 mean, 2 min, 3 max over\n"
+    "                           ranks (default 3; nccl-tests calls this -a)\n"
     "  -J, --output_file FILE   also write the results as JSON\n"
     "  -h, --help               print this help\n"
     "Sizes take K, M and G suffixes (powers of 1024). For allgather and reducescatter\n"
@@ -39,11 +41,11 @@ struct Flag {
 };
 
 constexpr Flag kFlags[] = {
-    {'b', "minbytes", true},  {'e', "maxbytes", true}, {'f', "stepfactor", true},
-    {'i', "stepbytes", true}, {'n', "iters", true},    {'w', "warmup_iters", true},
-    {'c', "check", true},     {'d', "datatype", true}, {'o', "op", true},
-    {'r', "root", true},      {'a', "average", true},  {'J', "output_file", true},
-    {'z', "blocking", false}, {'h', "help", false},
+    {'b', "minbytes", true},  {'e', "maxbytes", true},  {'f', "stepfactor", true},
+    {'i', "stepbytes", true}, {'n', "iters", true},     {'w', "warmup_iters", true},
+    {'c', "check", true},     {'d', "datatype", true},  {'o', "op", true},
+    {'r', "root", true},      {'A', "average", true},   {'J', "output_file", true},
+    {'a', "all", false},      {'z', "blocking", false}, {'h', "help", false},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -182,14 +184,23 @@ const char* averageName(Average average) {
   return "invalid";
 }
 
+std::vector<Collective> allCollectives() {
+  std::vector<Collective> all;
+  for (const auto& [name, collective] : kCollectiveNames) {
+    (void)name;
+    if (std::find(all.begin(), all.end(), collective) == all.end()) all.push_back(collective);
+  }
+  return all;
+}
+
 bool parseOptions(int argc, char** argv, Options* options) {
-  bool haveCollective = false, haveFactor = false;
+  bool haveCollective = false, haveFactor = false, haveAll = false;
   bool positionalOnly = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (positionalOnly || arg.size() < 2 || arg[0] != '-') {
       if (haveCollective) throw UsageError("unexpected argument '" + arg + "'");
-      options->collective = collectiveValue(arg);
+      options->collectives = {collectiveValue(arg)};
       haveCollective = true;
       continue;
     }
@@ -260,8 +271,12 @@ bool parseOptions(int argc, char** argv, Options* options) {
       case 'r':
         options->root = static_cast<int>(intValue(option, value, 0, 1 << 30));
         break;
-      case 'a':
+      case 'A':
         options->average = static_cast<Average>(intValue(option, value, 0, 3));
+        break;
+      case 'a':
+        options->collectives = allCollectives();
+        haveAll = true;
         break;
       case 'J':
         if (value.empty()) throw UsageError(option + " needs a file name");
@@ -269,7 +284,10 @@ bool parseOptions(int argc, char** argv, Options* options) {
         break;
     }
   }
-  if (!haveCollective)
+  if (haveCollective && haveAll)
+    throw UsageError("-a runs every collective: name none, or drop -a");
+  if (haveAll) options->collectives = allCollectives();
+  if (!haveCollective && !haveAll)
     throw UsageError(
         "missing the collective (allreduce, allgather, reducescatter, broadcast, reduce, "
         "sendrecv)");

@@ -32,18 +32,18 @@ enum class Average { Rank0 = 0, Mean = 1, Min = 2, Max = 3 };
 const char* averageName(Average average);
 
 struct Options {
-  Collective collective = Collective::AllReduce;
-  size_t minBytes = size_t{32} << 20;  // -b
-  size_t maxBytes = size_t{32} << 20;  // -e
-  size_t stepFactor = 2;               // -f: next size = size * stepFactor ...
-  size_t stepBytes = 0;                // -i: ... or size + stepBytes when this is > 0
-  int iters = 20;                      // -n: timed iterations per size
-  int warmup = 5;                      // -w: untimed iterations before them
-  bool check = true;                   // -c: verify one run per size and placement
+  std::vector<Collective> collectives = {Collective::AllReduce};  // the name, or -a
+  size_t minBytes = size_t{32} << 20;                             // -b
+  size_t maxBytes = size_t{32} << 20;                             // -e
+  size_t stepFactor = 2;  // -f: next size = size * stepFactor ...
+  size_t stepBytes = 0;   // -i: ... or size + stepBytes when this is > 0
+  int iters = 20;         // -n: timed iterations per size
+  int warmup = 5;         // -w: untimed iterations before them
+  bool check = true;      // -c: verify one run per size and placement
   std::vector<DataType> types = {DataType::Float32};  // -d
   std::vector<ReduceOp> ops = {ReduceOp::Sum};        // -o
   int root = 0;                                       // -r
-  Average average = Average::Max;                     // -a
+  Average average = Average::Max;                     // -A
   std::string jsonPath;                               // -J: also write the results here
 };
 
@@ -56,6 +56,9 @@ class UsageError : public std::runtime_error {
 // Fills `options` from the command line. Returns false when the user asked
 // for the help (already printed). Throws UsageError.
 bool parseOptions(int argc, char** argv, Options* options);
+
+// Every collective braid-perf knows, in the order -a runs them.
+std::vector<Collective> allCollectives();
 
 // The sizes to measure, in bytes: minBytes, then by stepFactor (or
 // stepBytes) up to maxBytes.

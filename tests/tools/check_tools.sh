@@ -32,6 +32,7 @@ check "braid-run returns the failing rank's status" 3 \
 check "braid-run reports a rank killed by a signal" 137 \
   "$bin/braid-run" -n 2 sh -c 'if [ "$BRAID_RANK" = 0 ]; then kill -9 $$; fi; exec sleep 30'
 check "braid-run rejects a missing -n" 2 "$bin/braid-run" true
+check "braid-perf -a runs every collective at 4 ranks" 0 "$bin/braid-run" -n 4 "$bin/braid-perf" -a -b 8 -e 256K -f 64 -n 2 -w 1
 check "braid-perf rejects an unknown collective" 2 "$bin/braid-perf" alltoallv
 check "braid-info --config" 0 "$bin/braid-info" --config
 check "braid-info --peers at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-info" --peers
