@@ -7,6 +7,11 @@
 // below +0 (IEEE 754-2019 maximum/minimum), so only which NaN comes back can
 // depend on operand order. The narrow-float conversions ignore the dynamic
 // rounding mode.
+//
+// The kernels exist at several ISA levels (portable, AVX2, AVX-512; see
+// dispatch.h) that give bit-identical results (a NaN from Sum or Prod of two
+// NaNs may carry either one's payload); kernelFor() hands out the widest one
+// this CPU supports, chosen once, at the first call.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +25,9 @@ namespace braid::reduce {
 // (exactly, not partially). Avg combines like Sum; finalize() divides.
 using Kernel = void (*)(void* dst, const void* a, const void* b, size_t count);
 
-// The kernel for (type, op), from a static table. REQUIRES: isValid(type) &&
-// isValid(op) (an out-of-range value gets nullptr).
+// The kernel for (type, op), from the table of the widest supported ISA
+// level. REQUIRES: isValid(type) && isValid(op) (an out-of-range value gets
+// nullptr).
 Kernel kernelFor(DataType type, ReduceOp op);
 
 // The last step of a reduction: for Avg, dst[i] = dst[i] / divisor
