@@ -236,7 +236,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   std::exception_ptr failure;
   try {
     throwIfFailed();
-    executor->run(lanes, count, Clock::now() + knobs.timeout, aborted);
+    executor->run(lanes, count, knobs.timeout, aborted);
   } catch (const Error& error) {
     recordFailure(error);
     failure = std::current_exception();
@@ -301,7 +301,7 @@ uint32_t tagFor(const PendingOp& op) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
   if (!op.pointToPoint) {
-    for (const char* c = op.info.name; *c; ++c) mix(static_cast<unsigned char>(*c));
+    mix(static_cast<uint64_t>(op.collective));
     mix(op.info.reduces ? static_cast<uint64_t>(op.info.op) : 99);
     mix(static_cast<uint64_t>(op.info.root + 1));
   }
@@ -402,6 +402,7 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
                        const algo::Shape& shape, DataType type, const void* input, void* output,
                        Stream stream) {
   PendingOp op;
+  op.collective = collective;
   op.info.name = name;
   op.info.seq = impl.collectiveSeq++;
   op.info.count = shape.count;

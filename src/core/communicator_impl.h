@@ -37,6 +37,7 @@ struct PendingOp {
   const void* input = nullptr;
   void* output = nullptr;
   uint32_t tag = 0;  // set by issue()
+  Collective collective = Collective::AllReduce;
   bool pointToPoint = false;
   bool async = false;
   std::shared_ptr<Work::State> work;

@@ -5,8 +5,12 @@ namespace braid {
 std::shared_ptr<const algo::Plan> PlanCache::get(Collective collective, const algo::Shape& shape) {
   Key key{collective,       shape.root,       shape.peer,    shape.count,
           shape.chunkElems, shape.alignElems, shape.elemSize};
+  if (last_ && key == lastKey_) return last_;
   auto found = plans_.find(key);
-  if (found != plans_.end()) return found->second;
+  if (found != plans_.end()) {
+    lastKey_ = key;
+    return last_ = found->second;
+  }
   algo::Plan plan;
   switch (collective) {
     case Collective::AllReduce:
@@ -34,7 +38,8 @@ std::shared_ptr<const algo::Plan> PlanCache::get(Collective collective, const al
   if (plans_.size() >= kMaxEntries) plans_.clear();
   auto shared = std::make_shared<const algo::Plan>(std::move(plan));
   plans_.emplace(key, shared);
-  return shared;
+  lastKey_ = key;
+  return last_ = shared;
 }
 
 }  // namespace braid

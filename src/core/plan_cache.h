@@ -57,6 +57,9 @@ class PlanCache {
   static constexpr size_t kMaxEntries = 512;
   size_t oneShotBytes_;
   std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
+  // The last plan handed out: loops that repeat one op skip the hash map.
+  Key lastKey_{};
+  std::shared_ptr<const algo::Plan> last_;
 };
 
 }  // namespace braid

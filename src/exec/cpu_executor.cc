@@ -38,7 +38,9 @@ bool sends(StepKind kind) {
 // nanoseconds away), then spins yielding its core (the peer may need it),
 // then sleeps in the transports. The longest single sleep bounds how late
 // abort() is noticed.
-constexpr auto kPureSpin = std::chrono::microseconds(5);
+constexpr Clock::duration kPureSpin = std::chrono::microseconds(5);
+// A peer that answers within this long is probably running on another core.
+constexpr Clock::duration kQuickAnswer = std::chrono::microseconds(2);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
 inline void cpuRelax() {
@@ -107,7 +109,10 @@ class Arbiter {
 }  // namespace
 
 Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst)
-    : wiring_(wiring), rank_(rank), pieceBytes_(pieceBytes), spinFirst_(spinFirst) {
+    : wiring_(wiring),
+      rank_(rank),
+      pieceBytes_(pieceBytes),
+      pureSpin_(spinFirst ? kPureSpin : Clock::duration::zero()) {
   for (auto& transport : wiring_.transports)
     if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
 }
@@ -246,8 +251,15 @@ void Executor::waitForActivity(Clock::time_point until) {
   for (transport::Transport* transport : waitable_) transport->waitForActivity(slice);
 }
 
-void Executor::failStalled(const Lane* lanes, size_t count, Clock::time_point started,
-                           Clock::time_point deadline) {
+void Executor::adaptSpin(Clock::duration waited) {
+  if (waited < kQuickAnswer) {
+    pureSpin_ = std::min(kPureSpin, pureSpin_ + std::chrono::nanoseconds(500));
+  } else if (waited > pureSpin_) {
+    pureSpin_ /= 2;
+  }
+}
+
+void Executor::failStalled(const Lane* lanes, size_t count, std::chrono::milliseconds timeout) {
   const Lane* stuck = lanes;
   for (size_t i = 0; i < count; ++i)
     if (lanes[i].step < lanes[i].plan->steps.size()) {
@@ -263,15 +275,17 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::time_point st
                              : format("at step %zu of %zu, waiting for rank %d to take data",
                                       stuck->step + 1, stuck->plan->steps.size(), step.sendPeer);
   }
-  auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - started);
+  auto waited = timeout;
   fail(ErrorCode::Timeout, rank_,
        format("%s timed out after %lld ms %s", stuck->info->describe().c_str(),
               static_cast<long long>(waited.count()), where.c_str()));
 }
 
-void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
+void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
                    const std::atomic<bool>& aborted) {
-  const Clock::time_point started = Clock::now();
+  // The clock is read only once the op first has to wait: an op that never
+  // waits costs no clock read. Time spent before that counts as progress.
+  Clock::time_point deadline{};
   if (scratch_.size() < count * algo::kScratchBytes) scratch_.resize(count * algo::kScratchBytes);
   for (size_t i = 0; i < count; ++i) lanes[i].scratch = scratch_.data() + i * algo::kScratchBytes;
   std::unique_ptr<Arbiter> arbiter;
@@ -297,6 +311,7 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
       if (moved) {
+        if (idle) adaptSpin(Clock::now() - idleSince);
         idle = false;
         continue;
       }
@@ -304,12 +319,13 @@ void Executor::run(Lane* lanes, size_t count, Clock::time_point deadline,
       if (!idle) {
         idle = true;
         idleSince = now;
+        if (deadline == Clock::time_point{}) deadline = now + timeout;
       }
-      if (now >= deadline) failStalled(lanes, count, started, deadline);
+      if (now >= deadline) failStalled(lanes, count, timeout);
       const auto idleFor = now - idleSince;
       if (idleFor > kSpin) {
         waitForActivity(std::min(deadline, now + kLongestSleep));
-      } else if (!spinFirst_ || idleFor > kPureSpin) {
+      } else if (idleFor > pureSpin_) {
         // With more ranks than cores, the peer this rank waits for may be
         // waiting for a core: give it ours.
         sched_yield();

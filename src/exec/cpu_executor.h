@@ -68,7 +68,10 @@ class Executor {
   // op and the peer: RemoteError when a connection failed, Timeout past the
   // deadline, Aborted once `aborted` is set, Internal when a message does
   // not match the op (a mismatched collective).
-  void run(Lane* lanes, size_t count, Clock::time_point deadline, const std::atomic<bool>& aborted);
+  // The op fails with Timeout when it is still waiting `timeout` after it
+  // first had to wait.
+  void run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
+           const std::atomic<bool>& aborted);
 
  private:
   bool advance(Lane& lane);
@@ -76,13 +79,16 @@ class Executor {
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
   [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
-  [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::time_point started,
-                                Clock::time_point deadline);
+  [[noreturn]] void failStalled(const Lane* lanes, size_t count, std::chrono::milliseconds timeout);
 
   transport::Wiring& wiring_;
   int rank_;
   size_t pieceBytes_;
-  bool spinFirst_;
+  // How long an idle wait busy-spins before yielding. It adapts: it grows
+  // while peers answer quickly and shrinks while spins end unanswered
+  // (another process wants this core).
+  Clock::duration pureSpin_;
+  void adaptSpin(Clock::duration waited);
   std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
   std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
 };
