@@ -77,7 +77,14 @@ class Transport {
   // connection failed; the failure is sticky.
   virtual bool progress() = 0;
 
-  // Blocks until progress() might move something, or until `until`.
+  // Remembers the state of every connection; waitForActivity() returns as
+  // soon as it changed. The executor calls it when it starts to idle and
+  // after each wait, and checks its steps at least once more in between,
+  // so nothing that arrived before the snapshot is slept through.
+  virtual void prepareToWait() {}
+
+  // Blocks until progress() might move something (anything changed since
+  // prepareToWait()), or until `until`.
   virtual void waitForActivity(Clock::time_point until) = 0;
 };
 

@@ -237,6 +237,10 @@ bool Executor::flushed() const {
   return true;
 }
 
+void Executor::prepareToWait() {
+  for (transport::Transport* transport : waitable_) transport->prepareToWait();
+}
+
 void Executor::waitForActivity(Clock::time_point until) {
   if (waitable_.empty()) {  // nothing to block on (only "self"): just sleep
     std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), kShortSleep));
@@ -295,9 +299,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   bool idle = false;
   try {
     for (;;) {
-      // Transports first: a pass starts by taking in what arrived, and the
-      // transports remember that moment, so whatever arrives after it wakes
-      // a waiter below.
+      // Transports first: a pass starts by taking in what arrived.
       bool moved = progressTransports();
       bool finished = true;
       for (size_t i = 0; i < count; ++i) {
@@ -320,11 +322,13 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         idle = true;
         idleSince = now;
         if (deadline == Clock::time_point{}) deadline = now + timeout;
+        prepareToWait();
       }
       if (now >= deadline) failStalled(lanes, count, timeout);
       const auto idleFor = now - idleSince;
       if (idleFor > kSpin) {
         waitForActivity(std::min(deadline, now + kLongestSleep));
+        prepareToWait();  // the next pass checks every step again before any sleep
       } else if (idleFor > pureSpin_) {
         // With more ranks than cores, the peer this rank waits for may be
         // waiting for a core: give it ours.

@@ -76,6 +76,7 @@ class Executor {
  private:
   bool advance(Lane& lane);
   bool progressTransports();
+  void prepareToWait();
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
   [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);

@@ -229,10 +229,9 @@ class ShmTransport final : public Transport {
   const char* name() const override { return "shm"; }
   Connection& connection(int peer) override { return *byRank_[peer]; }
 
-  bool progress() override {
-    seen_ = activity();  // the start of a pass: later changes wake the waiter
-    return false;
-  }
+  bool progress() override { return false; }  // peers write straight into our slots
+
+  void prepareToWait() override { seen_ = activity(); }
 
   void waitForActivity(Clock::time_point until) override {
     SegmentHeader* mine = own_.header();
