@@ -30,18 +30,19 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
 
-// One cache line per slot: the sender fills it and then publishes the slot
-// by storing its message number + 1 in `seq`. Messages of up to kInline
-// bytes travel inside the line, so a small message costs the receiver one
-// cache-line transfer; larger ones sit in the slot's data area.
-constexpr size_t kInline = 48;
+// Four cache lines per slot: the sender fills them and then publishes the
+// slot by storing its message number + 1 in `seq`. Messages of up to
+// kInline bytes travel inside these lines, next to the flag (up to 48 bytes
+// in its very line, one cache-line transfer for the receiver); larger ones
+// sit in the slot's data area.
+constexpr size_t kInline = 240;
 struct alignas(kLine) SlotHeader {
   std::atomic<uint64_t> seq;
   uint32_t bytes;
   uint32_t tag;
   std::byte inlineData[kInline];
 };
-static_assert(sizeof(SlotHeader) == kLine, "a slot header is one cache line");
+static_assert(sizeof(SlotHeader) == 4 * kLine, "a slot header is four cache lines");
 
 // How far the receiver has read; only grows. The sender reads it only when
 // its own view says the FIFO is full.
