@@ -3,10 +3,11 @@
 // Each rank owns one POSIX shared-memory segment holding a slot FIFO per
 // peer that sends to it, plus its wake-up word. A sender writes a message
 // straight into the receiver's slot and publishes it with one store to the
-// slot's header line (messages of up to 240 bytes travel inside those lines); the receiver
-// reads it in place and frees the slot by advancing the FIFO's head. Nothing on that path
-// allocates, locks or enters the kernel; a rank that found nothing to do for a while sleeps on a
-// futex and is woken only when a peer changed one of its FIFOs. Segments are unlinked as soon as
+// slot's header (messages of up to 240 bytes travel inside the header);
+// the receiver reads it in place and frees the slot by advancing the FIFO's
+// head. Nothing on that path allocates, locks or enters the kernel; a rank
+// that found nothing to do for a while sleeps on a futex and is woken only
+// when a peer changed one of its FIFOs. Segments are unlinked as soon as
 // every peer has mapped them, so a crash leaves nothing in /dev/shm.
 #pragma once
 
