@@ -91,6 +91,10 @@ class Communicator {
   // Operations issued between groupStart() and the matching groupEnd() run
   // together when groupEnd() is called, so grouped sends and receives to
   // every peer cannot deadlock. Groups nest; the outermost groupEnd() runs.
+  // Messages between two ranks keep issue order per direction: a group that
+  // holds both collectives and sends must issue them in the same order on
+  // both ends. An op rejected for a bad argument is not part of the group.
+  // Work::wait() on an op of a group that has not ended is InvalidUsage.
   void groupStart();
   void groupEnd();
 
@@ -98,7 +102,9 @@ class Communicator {
   // (key, old rank). A negative color joins none and returns an empty handle.
   Communicator split(int color, int key);
 
-  // Fails every pending and later operation with Aborted. Safe from any thread.
+  // Fails every pending and later operation with Aborted. Safe from any
+  // thread while this Communicator object exists (not concurrently with its
+  // destruction or a move).
   void abort();
 
   int rank() const;
