@@ -295,8 +295,12 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   std::unique_ptr<Arbiter> arbiter;
   if (count > 1)
     arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));
-  Clock::time_point idleSince{};
+  // Idle bookkeeping. The clock is read when an idle spell starts and then
+  // every 16th turn, not on every pass.
+  Clock::time_point idleSince{}, now{};
   bool idle = false;
+  bool armed = false;  // the transports hold a snapshot to wait against
+  unsigned turns = 0;
   try {
     for (;;) {
       // Transports first: a pass starts by taking in what arrived.
@@ -313,28 +317,35 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
       if (moved) {
-        if (idle) adaptSpin(Clock::now() - idleSince);
+        if (idle) adaptSpin(now - idleSince);
         idle = false;
         continue;
       }
-      const Clock::time_point now = Clock::now();
       if (!idle) {
         idle = true;
-        idleSince = now;
+        armed = false;
+        turns = 0;
+        idleSince = now = Clock::now();
         if (deadline == Clock::time_point{}) deadline = now + timeout;
-        prepareToWait();
+      } else if ((++turns & 15) == 0) {
+        now = Clock::now();
       }
       if (now >= deadline) failStalled(lanes, count, timeout);
       const auto idleFor = now - idleSince;
-      if (idleFor > kSpin) {
+      if (idleFor <= pureSpin_) {
+        cpuRelax();
+      } else if (!armed) {
+        // Snapshot, then at least one more full pass before any sleep.
+        prepareToWait();
+        armed = true;
+      } else if (idleFor > kSpin) {
         waitForActivity(std::min(deadline, now + kLongestSleep));
         prepareToWait();  // the next pass checks every step again before any sleep
-      } else if (idleFor > pureSpin_) {
+        now = Clock::now();
+      } else {
         // With more ranks than cores, the peer this rank waits for may be
         // waiting for a core: give it ours.
         sched_yield();
-      } else {
-        cpuRelax();
       }
     }
   } catch (const Error& error) {
