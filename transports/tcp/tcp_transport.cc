@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "braid/error.h"
 #include "core/errors.h"
@@ -201,16 +202,49 @@ class TcpTransport final : public Transport {
 
   bool progress() override {
     bool moved = false;
-    for (auto& connection : connections_) {
+    for (auto& connection : connections_)
       if (!connection->failure().empty())
         throw Error(ErrorCode::RemoteError, connection->failure());
-      moved |= connection->pumpSend();
-      moved |= connection->pumpRecv();
+    if (connections_.size() <= kPollGate) {
+      for (auto& connection : connections_) {
+        moved |= connection->pumpSend();
+        moved |= connection->pumpRecv();
+      }
+      return moved;
+    }
+    // Many peers: one poll() finds the sockets worth a send or recv call,
+    // instead of a call per socket per pass.
+    if (!preparePoll()) return false;
+    timespec now{0, 0};
+    if (::ppoll(pollFds_.data(), pollFds_.size(), &now, nullptr) <= 0) return false;
+    for (size_t i = 0; i < connections_.size(); ++i) {
+      const short ready = pollFds_[i].revents;
+      if (ready & (POLLOUT | POLLERR | POLLHUP)) moved |= connections_[i]->pumpSend();
+      if (ready & (POLLIN | POLLERR | POLLHUP)) moved |= connections_[i]->pumpRecv();
     }
     return moved;
   }
 
   void waitForActivity(Clock::time_point until) override {
+    auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+    if (wait.count() <= 0) return;
+    if (!preparePoll()) {  // nothing a socket could change: just pause
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(wait, kIdlePause));
+      return;
+    }
+    timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
+                     static_cast<long>(wait.count() % 1000000000)};
+    ::ppoll(pollFds_.data(), pollFds_.size(), &timeout, nullptr);
+  }
+
+ private:
+  // Up to this many peers, progress() tries each socket directly.
+  static constexpr size_t kPollGate = 2;
+  static constexpr std::chrono::microseconds kIdlePause{200};
+
+  // Sets each socket's poll events from what its connection can do now.
+  // Returns false when no socket has anything to wait for.
+  bool preparePoll() {
     bool any = false;
     for (size_t i = 0; i < connections_.size(); ++i) {
       short events = 0;
@@ -224,15 +258,9 @@ class TcpTransport final : public Transport {
       pollFds_[i].revents = 0;
       any |= events != 0;
     }
-    if (!any) return;
-    auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
-    if (wait.count() <= 0) return;
-    timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
-                     static_cast<long>(wait.count() % 1000000000)};
-    ::ppoll(pollFds_.data(), pollFds_.size(), &timeout, nullptr);
+    return any;
   }
 
- private:
   std::vector<std::unique_ptr<TcpConnection>> connections_;
   std::vector<TcpConnection*> byRank_;
   std::vector<pollfd> pollFds_;
