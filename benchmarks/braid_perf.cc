@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "benchmarks/bench_cli.h"
 #include "benchmarks/perf_check.h"
 #include "benchmarks/perf_options.h"
 #include "braid/communicator.h"
@@ -68,18 +69,6 @@ struct Row {
   int root;
   Measurement outOfPlace, inPlace;
 };
-
-std::string formatTime(double us) {
-  char text[32];
-  if (us < 1e4) {
-    std::snprintf(text, sizeof(text), "%.2f", us);
-  } else if (us < 1e5) {
-    std::snprintf(text, sizeof(text), "%.1f", us);
-  } else {
-    std::snprintf(text, sizeof(text), "%.0f", us);
-  }
-  return text;
-}
 
 // What one collective's table adds up to.
 struct Result {
@@ -267,7 +256,7 @@ void Runner::printRow(const Row& row) const {
               row.root);
   for (const Measurement* m : {&row.outOfPlace, &row.inPlace}) {
     std::string wrong = m->checked ? std::to_string(m->wrong) : "N/A";
-    std::printf("%9s%8.2f%8.2f%7s", formatTime(m->timeUs).c_str(), m->algbw, m->busbw,
+    std::printf("%9s%8.2f%8.2f%7s", bench::formatTime(m->timeUs).c_str(), m->algbw, m->busbw,
                 wrong.c_str());
   }
   std::printf("\n");

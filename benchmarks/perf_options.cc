@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <utility>
 
-#include "braid/error.h"
-#include "core/knobs.h"
-
 namespace braid::perf {
 
 namespace {
+
+using bench::bytesValue;
+using bench::intValue;
 
 constexpr const char* kUsage =
     "usage: braid-perf <collective> [options]   (run it under braid-run -n N)\n"
@@ -77,30 +77,6 @@ const std::pair<const char*, Collective> kCollectiveNames[] = {
     {"reduce", Collective::Reduce},
     {"sendrecv", Collective::SendRecv},
 };
-
-long long intValue(const std::string& option, const std::string& text, long long lo, long long hi) {
-  long long value = 0;
-  try {
-    value = parseInt(text, option.c_str());
-  } catch (const Error&) {
-    throw UsageError(option + ": '" + text + "' is not an integer");
-  }
-  if (value < lo || value > hi)
-    throw UsageError(option + ": " + text + " is not between " + std::to_string(lo) + " and " +
-                     std::to_string(hi));
-  return value;
-}
-
-size_t bytesValue(const std::string& option, const std::string& text) {
-  size_t value = 0;
-  try {
-    value = parseBytes(text, option.c_str());
-  } catch (const Error&) {
-    throw UsageError(option + ": '" + text + "' is not a size such as 4096, 64K or 16M");
-  }
-  if (value == 0) throw UsageError(option + ": the size must be at least 1 byte");
-  return value;
-}
 
 std::vector<DataType> typesValue(const std::string& option, const std::string& text) {
   if (text == "all") {
@@ -300,18 +276,8 @@ bool parseOptions(int argc, char** argv, Options* options) {
 }
 
 std::vector<size_t> sizeSteps(const Options& options) {
-  std::vector<size_t> sizes;
-  for (size_t size = options.minBytes; size <= options.maxBytes;) {
-    sizes.push_back(size);
-    if (options.stepBytes > 0) {
-      if (size > options.maxBytes - options.stepBytes) break;
-      size += options.stepBytes;
-    } else {
-      if (size > options.maxBytes / options.stepFactor) break;
-      size *= options.stepFactor;
-    }
-  }
-  return sizes;
+  return bench::sizeSteps(options.minBytes, options.maxBytes, options.stepFactor,
+                          options.stepBytes);
 }
 
 size_t elementCount(Collective collective, size_t bytes, DataType type, int nranks) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_cli.h"
 #include "braid/types.h"
 
 namespace braid::perf {
@@ -47,11 +48,7 @@ struct Options {
   std::string jsonPath;                               // -J: also write the results here
 };
 
-// A bad command line; what() is one line that names the option.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using UsageError = bench::UsageError;  // a bad command line; what() names the option
 
 // Fills `options` from the command line. Returns false when the user asked
 // for the help (already printed). Throws UsageError.

@@ -9,7 +9,13 @@
 #include <cstring>
 #include <memory>
 
+#include "benchmarks/bench_cli.h"
+
 namespace braid::peers {
+
+using bench::bytesValue;
+using bench::formatTime;
+using bench::intValue;
 
 namespace {
 
@@ -37,43 +43,6 @@ void printUsage(const Program& program) {
       "  -h, --help               print this help\n"
       "Sizes take K, M and G suffixes (powers of 1024). The reported time is the\n"
       "slowest rank's mean time per call.\n");
-}
-
-long long intValue(const std::string& option, const std::string& text, long long lo, long long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0)
-    throw UsageError(option + ": '" + text + "' is not an integer");
-  if (value < lo || value > hi)
-    throw UsageError(option + ": " + text + " is not between " + std::to_string(lo) + " and " +
-                     std::to_string(hi));
-  return value;
-}
-
-// "4096", "64K", "16M", "1G", also "16MB" and "16MiB", any case.
-size_t bytesValue(const std::string& option, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  double number = std::strtod(text.c_str(), &end);
-  std::string unit;
-  for (const char* p = end; *p; ++p)
-    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
-  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();
-  if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();
-  double scale = 0;
-  if (unit.empty() || unit == "b") {
-    scale = 1;
-  } else if (unit == "k") {
-    scale = 1024.0;
-  } else if (unit == "m") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "g") {
-    scale = 1024.0 * 1024 * 1024;
-  }
-  if (end == text.c_str() || errno != 0 || scale == 0 || number < 1)
-    throw UsageError(option + ": '" + text + "' is not a size such as 4096, 64K or 16M");
-  return static_cast<size_t>(number * scale);
 }
 
 // One page-aligned float buffer.
@@ -127,18 +96,6 @@ struct Row {
   size_t count;
   Measurement outOfPlace, inPlace;
 };
-
-std::string formatTime(double us) {
-  char text[32];
-  if (us < 1e4) {
-    std::snprintf(text, sizeof(text), "%.2f", us);
-  } else if (us < 1e5) {
-    std::snprintf(text, sizeof(text), "%.1f", us);
-  } else {
-    std::snprintf(text, sizeof(text), "%.0f", us);
-  }
-  return text;
-}
 
 // JSON string contents: quotes, backslashes and control characters escaped.
 std::string jsonEscape(const std::string& text) {
@@ -387,17 +344,12 @@ bool parseOptions(int argc, char** argv, const Program& program, Options* option
   return true;
 }
 
-std::vector<size_t> sizeSteps(const Options& options) {
-  std::vector<size_t> sizes;
-  for (size_t size = options.minBytes; size <= options.maxBytes; size *= options.stepFactor) {
-    sizes.push_back(size);
-    if (size > options.maxBytes / options.stepFactor) break;
-  }
-  return sizes;
-}
-
 int runAllReduce(Collectives& collectives, const Options& options, const Program& program) {
   return Runner(collectives, options, program).run();
+}
+
+std::vector<size_t> sizeSteps(const Options& options) {
+  return bench::sizeSteps(options.minBytes, options.maxBytes, options.stepFactor, 0);
 }
 
 }  // namespace braid::peers

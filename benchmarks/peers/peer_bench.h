@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_cli.h"
+
 namespace braid::peers {
 
 // The command line: braid-perf's options that apply to one float32 sum
@@ -44,11 +46,7 @@ struct Program {
   std::vector<std::string> algorithms;  // values of -A, first = default; empty: no -A
 };
 
-// A bad command line; what() names the option.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using UsageError = bench::UsageError;  // a bad command line; what() names the option
 
 // Fills `options`. Returns false when the help was asked for (and printed).
 // Throws UsageError.
