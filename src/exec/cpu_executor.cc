@@ -18,6 +18,11 @@ bool receives(StepKind kind) {
   return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
 }
 
+bool sends(StepKind kind) {
+  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
+}
+
 std::byte* bufferOf(const Lane& lane, algo::Buffer buffer) {
   switch (buffer) {
     case algo::Buffer::Input:
@@ -28,10 +33,6 @@ std::byte* bufferOf(const Lane& lane, algo::Buffer buffer) {
       return lane.scratch;
   }
   return nullptr;
-}
-bool sends(StepKind kind) {
-  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
 }
 
 // An idle executor first spins (the peer is usually a few hundred
@@ -82,14 +83,19 @@ class Arbiter {
   void note(size_t lane, size_t key, size_t step) {
     auto& queue = queues_[key];
     if (queue.empty() || queue.back() != lane) queue.push_back(lane);
+    for (auto& [k, last] : lastUse_[lane])
+      if (k == key) {
+        last = step;
+        return;
+      }
     lastUse_[lane].push_back({key, step});
   }
 
+  // One entry per direction the lane uses (at most two per peer), not per step.
   size_t lastStep(size_t lane, size_t key) const {
-    size_t last = 0;
-    for (const auto& [k, s] : lastUse_[lane])
-      if (k == key) last = s;
-    return last;
+    for (const auto& [k, last] : lastUse_[lane])
+      if (k == key) return last;
+    return 0;
   }
 
   // The first lane in issue order that still has steps on `key`.
@@ -103,7 +109,7 @@ class Arbiter {
 
   const Lane* lanes_;
   std::vector<std::vector<size_t>> queues_;                      // lanes per direction, issue order
-  std::vector<std::vector<std::pair<size_t, size_t>>> lastUse_;  // (direction, step) per lane
+  std::vector<std::vector<std::pair<size_t, size_t>>> lastUse_;  // (direction, last step) per lane
 };
 
 }  // namespace
