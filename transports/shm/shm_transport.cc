@@ -30,19 +30,40 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
 
-// Four cache lines per slot: the sender fills them and then publishes the
-// slot by storing its message number + 1 in `seq`. Messages of up to
-// kInline bytes travel inside these lines, next to the flag (up to 48 bytes
-// in its very line, one cache-line transfer for the receiver); larger ones
-// sit in the slot's data area.
-constexpr size_t kInline = 240;
-struct alignas(kLine) SlotHeader {
+// Every slot has a header of eight cache lines, each starting with a copy of
+// the flag: the sender publishes message m by storing m + 1 into the flag
+// of every line the message uses, after that line's other bytes. Messages of
+// up to kInline bytes travel inside these lines (48 bytes in the first, 56
+// in each other), so the receiver, which polls the flags of all the lines it
+// expects at once, gets them in one round of cache-line transfers instead of
+// a flag first and the data after it. Larger messages sit in the slot's
+// data area and use the first line only.
+constexpr size_t kHeaderLines = 8;
+constexpr size_t kFirstLineData = 48;
+constexpr size_t kLineData = 56;
+constexpr size_t kInline = kFirstLineData + (kHeaderLines - 1) * kLineData;
+struct alignas(kLine) FirstLine {
   std::atomic<uint64_t> seq;
   uint32_t bytes;
   uint32_t tag;
-  std::byte inlineData[kInline];
+  std::byte data[kFirstLineData];
 };
-static_assert(sizeof(SlotHeader) == 4 * kLine, "a slot header is four cache lines");
+struct alignas(kLine) Line {
+  std::atomic<uint64_t> seq;
+  std::byte data[kLineData];
+};
+struct SlotHeader {
+  FirstLine first;
+  Line rest[kHeaderLines - 1];
+};
+static_assert(sizeof(FirstLine) == kLine && sizeof(Line) == kLine &&
+                  sizeof(SlotHeader) == kHeaderLines * kLine,
+              "a slot header is eight whole cache lines");
+
+// Header lines beyond the first that an inline message of `bytes` uses.
+constexpr size_t extraLines(size_t bytes) {
+  return bytes <= kFirstLineData ? 0 : (bytes - kFirstLineData + kLineData - 1) / kLineData;
+}
 
 // How far the receiver has read; only grows. The sender reads it only when
 // its own view says the FIFO is full.
@@ -153,26 +174,57 @@ class ShmConnection final : public Connection {
       if (sendTail_ - sendHeadSeen_ == slots_) return nullptr;
     }
     const size_t slot = sendTail_ % slots_;
-    return bytes <= kInline ? out_.slots[slot].inlineData : out_.data + slot * slotBytes_;
+    if (bytes <= kFirstLineData) return out_.slots[slot].first.data;
+    return bytes <= kInline ? sendStage_ : out_.data + slot * slotBytes_;
   }
 
   void postSend(uint32_t bytes, uint32_t tag) override {
     SlotHeader& header = out_.slots[sendTail_ % slots_];
-    header.bytes = bytes;
-    header.tag = tag;
-    ++sendTail_;
-    header.seq.store(sendTail_, std::memory_order_seq_cst);
+    const uint64_t seq = ++sendTail_;
+    if (bytes > kFirstLineData && bytes <= kInline) {  // spread the staged message over the lines
+      std::memcpy(header.first.data, sendStage_, kFirstLineData);
+      const size_t lines = extraLines(bytes);
+      for (size_t i = 0; i < lines; ++i) {
+        std::memcpy(header.rest[i].data, sendStage_ + kFirstLineData + i * kLineData, kLineData);
+        header.rest[i].seq.store(seq, std::memory_order_release);
+      }
+    }
+    header.first.bytes = bytes;
+    header.first.tag = tag;
+    header.first.seq.store(seq, std::memory_order_seq_cst);
     ring(peerHeader_);
   }
 
   const Message* peekRecv() override {
     const size_t slot = recvHead_ % slots_;
     const SlotHeader& header = in_.slots[slot];
-    if (header.seq.load(std::memory_order_acquire) != recvHead_ + 1) return nullptr;
+    const uint64_t want = recvHead_ + 1;
+    // The flags of the lines the last inline message used are read along
+    // with the first one, so that all those lines are fetched together.
+    const bool firstReady = header.first.seq.load(std::memory_order_acquire) == want;
+    bool restReady = linesReady(header, expectLines_, want);
+    if (!firstReady) return nullptr;
     // The peer is trusted with its data, not with our bounds.
-    const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(header.bytes, slotBytes_));
-    current_ = {bytes <= kInline ? header.inlineData : in_.data + slot * slotBytes_, bytes,
-                header.tag};
+    const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(header.first.bytes, slotBytes_));
+    const uint32_t tag = header.first.tag;
+    if (bytes > kInline) {
+      current_ = {in_.data + slot * slotBytes_, bytes, tag};
+      return &current_;
+    }
+    if (bytes <= kFirstLineData) {
+      current_ = {header.first.data, bytes, tag};
+      return &current_;
+    }
+    const size_t lines = extraLines(bytes);
+    if (lines != expectLines_) {
+      expectLines_ = lines;
+      restReady = linesReady(header, lines, want);
+    }
+    if (!restReady) return nullptr;
+    std::memcpy(recvStage_, header.first.data, kFirstLineData);
+    for (size_t i = 0; i < lines; ++i)
+      std::memcpy(recvStage_ + kFirstLineData + i * kLineData, header.rest[i].data, kLineData);
+    current_ = {recvStage_, bytes, tag};
     return &current_;
   }
 
@@ -195,12 +247,20 @@ class ShmConnection final : public Connection {
   // Changes whenever the peer sends this rank its next message or frees a
   // slot of ours.
   uint64_t activity() const {
-    return in_.slots[recvHead_ % slots_].seq.load(std::memory_order_seq_cst) +
+    return in_.slots[recvHead_ % slots_].first.seq.load(std::memory_order_seq_cst) +
            out_.control->head.load(std::memory_order_seq_cst);
   }
   int peer() const { return peer_; }
 
  private:
+  // Whether the first `lines` lines after the first carry message `want`.
+  static bool linesReady(const SlotHeader& header, size_t lines, uint64_t want) {
+    bool ready = true;
+    for (size_t i = 0; i < lines; ++i)
+      ready &= header.rest[i].seq.load(std::memory_order_acquire) == want;
+    return ready;
+  }
+
   int peer_;
   Fifo out_;  // in the peer's segment
   SegmentHeader* peerHeader_;
@@ -210,7 +270,10 @@ class ShmConnection final : public Connection {
   uint64_t sendTail_ = 0;      // messages posted
   uint64_t sendHeadSeen_ = 0;  // the peer's head as last read
   uint64_t recvHead_ = 0;      // messages read: this rank's copy of in_.head
+  size_t expectLines_ = 0;     // header lines past the first the next message likely uses
   Message current_;
+  alignas(kLine) std::byte sendStage_[kInline];  // an inline message, until postSend
+  alignas(kLine) std::byte recvStage_[kInline];  // the received one, gathered
   bool dead_ = false;
 };
 
@@ -231,6 +294,7 @@ class ShmTransport final : public Transport {
   Connection& connection(int peer) override { return *byRank_[peer]; }
 
   bool progress() override { return false; }  // peers write straight into our slots
+  bool passive() const override { return true; }
 
   void prepareToWait() override { seen_ = activity(); }
 
