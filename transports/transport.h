@@ -77,6 +77,10 @@ class Transport {
   // connection failed; the failure is sticky.
   virtual bool progress() = 0;
 
+  // True when progress() never moves anything (peers write straight into
+  // this rank's memory), so the executor need not call it.
+  virtual bool passive() const { return false; }
+
   // Remembers the state of every connection; waitForActivity() returns as
   // soon as it changed. The executor calls it when it starts to idle and
   // after each wait, and checks its steps at least once more in between,

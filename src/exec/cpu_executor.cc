@@ -52,6 +52,9 @@ inline void cpuRelax() {
 #endif
 }
 
+// Idle turns spun before the clock is first read (about a microsecond).
+constexpr unsigned kUncountedTurns = 32;
+
 // One turn of a wait that cannot block on every transport at once.
 constexpr auto kShortSleep = std::chrono::microseconds(200);
 
@@ -119,8 +122,10 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
       rank_(rank),
       pieceBytes_(pieceBytes),
       pureSpin_(spinFirst ? kPureSpin : Clock::duration::zero()) {
-  for (auto& transport : wiring_.transports)
+  for (auto& transport : wiring_.transports) {
     if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
+    if (!transport->passive()) active_.push_back(transport.get());
+  }
 }
 
 std::string OpInfo::describe() const {
@@ -233,7 +238,7 @@ void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
 
 bool Executor::progressTransports() {
   bool moved = false;
-  for (auto& transport : wiring_.transports) moved |= transport->progress();
+  for (transport::Transport* transport : active_) moved |= transport->progress();
   return moved;
 }
 
@@ -301,12 +306,17 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   std::unique_ptr<Arbiter> arbiter;
   if (count > 1)
     arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));
-  // Idle bookkeeping. The clock is read when an idle spell starts and then
-  // every 16th turn, not on every pass.
+  // Idle bookkeeping. The clock is first read kUncountedTurns into an idle
+  // spell (at once when this rank must not spin) and then every 16th turn,
+  // not on every pass.
   Clock::time_point idleSince{}, now{};
   bool idle = false;
   bool armed = false;  // the transports hold a snapshot to wait against
   unsigned turns = 0;
+  auto startIdleClock = [&] {
+    idleSince = now = Clock::now();
+    if (deadline == Clock::time_point{}) deadline = now + timeout;
+  };
   try {
     for (;;) {
       // Transports first: a pass starts by taking in what arrived.
@@ -323,7 +333,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
       if (moved) {
-        if (idle) adaptSpin(now - idleSince);
+        if (idle) adaptSpin(turns <= kUncountedTurns ? Clock::duration::zero() : now - idleSince);
         idle = false;
         continue;
       }
@@ -331,9 +341,18 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         idle = true;
         armed = false;
         turns = 0;
-        idleSince = now = Clock::now();
-        if (deadline == Clock::time_point{}) deadline = now + timeout;
-      } else if ((++turns & 15) == 0) {
+        if (pureSpin_ == Clock::duration::zero()) startIdleClock();
+      }
+      if (++turns <= kUncountedTurns && pureSpin_ != Clock::duration::zero()) {
+        // Most waits on the latency path end within these turns: poll
+        // without reading the clock (a clock read costs about as much as a
+        // whole small message) and without pausing, to see the answer the
+        // moment it lands.
+        continue;
+      }
+      if (turns == kUncountedTurns + 1) {
+        startIdleClock();
+      } else if ((turns & 15) == 0) {
         now = Clock::now();
       }
       if (now >= deadline) failStalled(lanes, count, timeout);

@@ -91,6 +91,7 @@ class Executor {
   Clock::duration pureSpin_;
   void adaptSpin(Clock::duration waited);
   std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
+  std::vector<transport::Transport*> active_;    // transports that progress() must drive
   std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
 };
 

@@ -45,6 +45,7 @@ class SelfTransport final : public Transport {
   const char* name() const override { return "self"; }
   Connection& connection(int) override { return loopback_; }
   bool progress() override { return false; }
+  bool passive() const override { return true; }
   void waitForActivity(Clock::time_point) override {}
 
  private:
