@@ -28,9 +28,36 @@ struct SimRank {
   }
 };
 
+bool writes(StepKind kind) { return kind != StepKind::Send && kind != StepKind::RecvReduceSend; }
+
+// A step marked settled sends Output elements that no later step writes.
+std::string checkSettled(const Plan& plan) {
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    if (!s.settled) continue;
+    const bool fromSrc = s.kind == StepKind::Send;
+    if ((fromSrc ? s.src : s.dst) != Buffer::Output || s.kind == StepKind::RecvReduceSend ||
+        s.kind == StepKind::Recv || s.kind == StepKind::RecvReduceCopy ||
+        s.kind == StepKind::Copy || s.kind == StepKind::Reduce)
+      return "step " + std::to_string(i) + " is marked settled but sends nothing from Output";
+    const size_t begin = fromSrc ? s.srcOffset : s.dstOffset, end = begin + s.count;
+    for (size_t j = i + 1; j < plan.steps.size(); ++j) {
+      const Step& later = plan.steps[j];
+      if (writes(later.kind) && later.dst == Buffer::Output && later.dstOffset < end &&
+          begin < later.dstOffset + later.count)
+        return "step " + std::to_string(i) + " is marked settled but step " + std::to_string(j) +
+               " writes what it sent";
+    }
+  }
+  return "";
+}
+
 // Runs all plans to completion (sum reduction). Returns "" or what went wrong.
 std::string simulate(std::vector<SimRank>& ranks) {
   const int n = static_cast<int>(ranks.size());
+  for (int r = 0; r < n; ++r)
+    if (std::string problem = checkSettled(ranks[r].plan); !problem.empty())
+      return "rank " + std::to_string(r) + ": " + problem;
   std::map<std::pair<int, int>, std::deque<Values>> links;  // (from, to) -> messages
   for (bool moved = true; moved;) {
     moved = false;

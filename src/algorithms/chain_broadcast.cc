@@ -28,6 +28,7 @@ Plan chainBroadcast(const Shape& shape) {
       step.kind = StepKind::RecvCopySend;
       step.recvPeer = prev;
       step.sendPeer = next;
+      step.settled = true;
     } else {
       step.kind = StepKind::Recv;
       step.recvPeer = prev;

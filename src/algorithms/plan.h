@@ -35,6 +35,10 @@ struct Step {
   StepKind kind = StepKind::Copy;
   // The step produces final values: apply the op's finalize (Avg divides).
   bool finalize = false;
+  // What the step sends from Output (a Send's src, or the dst it wrote) is
+  // never written again by this plan, so a transport may let the peer read
+  // it in place (see Connection::postReference) instead of a copy.
+  bool settled = false;
   int sendPeer = -1;
   int recvPeer = -1;
   Buffer src = Buffer::Input;

@@ -34,6 +34,7 @@ Plan ringAllGather(const Shape& shape) {
       s.sendPeer = k < n - 1 ? next : -1;
       s.dstOffset = ringIndex(r - k, n) * block + base;
       s.count = length;
+      s.settled = k < n - 1;  // what it passes on is final
       addStep(plan, s);
     }
   }

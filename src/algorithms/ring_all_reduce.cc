@@ -40,8 +40,13 @@ Plan ringAllReduce(const Shape& shape) {
     for (int s = 1; s <= n - 2; ++s) addStep(plan, step(StepKind::RecvReduceSend, r - 1 - s));
     Step owned = step(StepKind::RecvReduceCopySend, r);
     owned.finalize = true;
+    owned.settled = true;
     addStep(plan, owned);
-    for (int k = 1; k <= n - 2; ++k) addStep(plan, step(StepKind::RecvCopySend, r - k));
+    for (int k = 1; k <= n - 2; ++k) {
+      Step pass = step(StepKind::RecvCopySend, r - k);
+      pass.settled = true;
+      addStep(plan, pass);
+    }
     addStep(plan, step(StepKind::Recv, r + 1));
   }
   return plan;
