@@ -27,6 +27,7 @@
 #include "benchmarks/perf_options.h"
 #include "braid/communicator.h"
 #include "braid/error.h"
+#include "braid/memory.h"
 #include "braid/types.h"
 #include "braid/version.h"
 
@@ -36,21 +37,28 @@ namespace {
 
 constexpr size_t kAlignment = 4096;
 
-// One page-aligned host buffer.
+// One page-aligned host buffer: ordinary memory, or braid::memAlloc's.
 class Buffer {
  public:
-  explicit Buffer(size_t bytes) {
+  Buffer(size_t bytes, bool registered) : registered_(registered) {
     size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    data_.reset(static_cast<unsigned char*>(std::aligned_alloc(kAlignment, rounded)));
+    data_ = static_cast<unsigned char*>(registered ? braid::memAlloc(rounded)
+                                                   : std::aligned_alloc(kAlignment, rounded));
     if (!data_) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes");
   }
-  unsigned char* data() const { return data_.get(); }
+  ~Buffer() {
+    if (registered_)
+      braid::memFree(data_);
+    else
+      std::free(data_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  unsigned char* data() const { return data_; }
 
  private:
-  struct Free {
-    void operator()(unsigned char* p) const { std::free(p); }
-  };
-  std::unique_ptr<unsigned char, Free> data_;
+  bool registered_;
+  unsigned char* data_;
 };
 
 struct Measurement {
@@ -231,7 +239,8 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
     std::printf("# sizes %zu to %zu bytes, step factor %zu", sizes.front(), sizes.back(),
                 options_.stepFactor);
   }
-  std::printf("; time per call: %s\n#\n", averageName(options_.average));
+  std::printf("; time per call: %s; buffers: %s\n#\n", averageName(options_.average),
+              options_.registered ? "braid::memAlloc" : "malloc");
 
   // The placement titles, centred over their four columns.
   std::string titles(116, ' ');
@@ -306,8 +315,8 @@ Result Runner::run() {
       recvBytes = std::max(recvBytes, c == Collective::AllGather ? whole : part);
     }
   }
-  send_ = std::make_unique<Buffer>(sendBytes);
-  recv_ = std::make_unique<Buffer>(recvBytes);
+  send_ = std::make_unique<Buffer>(sendBytes, options_.registered);
+  recv_ = std::make_unique<Buffer>(recvBytes, options_.registered);
 
   if (rank_ == 0) printHeader(sizes);
   std::vector<ReduceOp> ops = reduces(c) ? options_.ops : std::vector<ReduceOp>{ReduceOp::Sum};

@@ -29,6 +29,8 @@ constexpr const char* kUsage =
     "  -a, --all                every collective, one table each, one summary\n"
     "  -A, --average N          time reported: 0 rank 0's, 1 mean, 2 min, 3 max over\n"
     "                           ranks (default 3; nccl-tests calls this -a)\n"
+    "  -R, --local_register 0|1 1: buffers from braid::memAlloc, which same-host peers\n"
+    "                           read in place (default 0: ordinary memory)\n"
     "  -J, --output_file FILE   also write the results as JSON\n"
     "  -h, --help               print this help\n"
     "Sizes take K, M and G suffixes (powers of 1024). For allgather and reducescatter\n"
@@ -41,11 +43,12 @@ struct Flag {
 };
 
 constexpr Flag kFlags[] = {
-    {'b', "minbytes", true},  {'e', "maxbytes", true},  {'f', "stepfactor", true},
-    {'i', "stepbytes", true}, {'n', "iters", true},     {'w', "warmup_iters", true},
-    {'c', "check", true},     {'d', "datatype", true},  {'o', "op", true},
-    {'r', "root", true},      {'A', "average", true},   {'J', "output_file", true},
-    {'a', "all", false},      {'z', "blocking", false}, {'h', "help", false},
+    {'b', "minbytes", true},       {'e', "maxbytes", true}, {'f', "stepfactor", true},
+    {'i', "stepbytes", true},      {'n', "iters", true},    {'w', "warmup_iters", true},
+    {'c', "check", true},          {'d', "datatype", true}, {'o', "op", true},
+    {'r', "root", true},           {'A', "average", true},  {'J', "output_file", true},
+    {'R', "local_register", true}, {'a', "all", false},     {'z', "blocking", false},
+    {'h', "help", false},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -253,6 +256,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
       case 'a':
         options->collectives = allCollectives();
         haveAll = true;
+        break;
+      case 'R':
+        options->registered = intValue(option, value, 0, 1) == 1;
         break;
       case 'J':
         if (value.empty()) throw UsageError(option + " needs a file name");

@@ -45,6 +45,7 @@ struct Options {
   std::vector<ReduceOp> ops = {ReduceOp::Sum};        // -o
   int root = 0;                                       // -r
   Average average = Average::Max;                     // -A
+  bool registered = false;                            // -R: buffers from braid::memAlloc
   std::string jsonPath;                               // -J: also write the results here
 };
 
