@@ -2,6 +2,8 @@
 // real ranks (forked processes) meeting through a UniqueId.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "multirank.h"
@@ -36,6 +38,43 @@ struct Case {
   int root;
 };
 
+// Where the buffers of the cases live: ordinary memory, or braid::memAlloc
+// memory that same-host peers read in place (set for a whole test).
+bool gRegistered = false;
+
+// A case's buffer, filled with poison.
+class Buffer {
+ public:
+  Buffer(DataType type, size_t count) : bytes_(poisoned(type, count)) {
+    if (gRegistered) {
+      memory_ = static_cast<std::byte*>(memAlloc(std::max<size_t>(bytes_.size(), 1)));
+      std::memcpy(memory_, bytes_.data(), bytes_.size());
+    }
+  }
+  ~Buffer() { memFree(memory_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  std::byte* data() { return memory_ ? memory_ : bytes_.data(); }
+
+ private:
+  std::vector<std::byte> bytes_;
+  std::byte* memory_ = nullptr;
+};
+
+// For the rest of a test: buffers from memAlloc, and every piece of 64
+// bytes or more of them sent by reference.
+class RegisteredBuffers {
+ public:
+  RegisteredBuffers() {
+    gRegistered = true;
+    ::setenv("BRAID_DIRECT_BYTES", "64", 1);
+  }
+  ~RegisteredBuffers() {
+    gRegistered = false;
+    ::unsetenv("BRAID_DIRECT_BYTES");
+  }
+};
+
 std::string label(const Case& c, int nranks) {
   return std::string(collName(c.coll)) + " " + dataTypeName(c.type) + " " + reduceOpName(c.op) +
          " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
@@ -46,11 +85,11 @@ std::string label(const Case& c, int nranks) {
 std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
   const int n = comm.size(), r = comm.rank();
   const size_t size = dataTypeSize(c.type);
-  auto at = [&](std::vector<std::byte>& v, size_t element) { return v.data() + element * size; };
+  auto at = [&](Buffer& b, size_t element) { return b.data() + element * size; };
   std::string problem;
   switch (c.coll) {
     case Coll::AllReduce: {
-      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      Buffer send(c.type, c.count), recv(c.type, c.count);
       fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
       void* out = c.inPlace ? send.data() : recv.data();
       comm.allReduce(send.data(), out, c.count, c.type, c.op);
@@ -60,7 +99,7 @@ std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
       break;
     }
     case Coll::Broadcast: {
-      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      Buffer send(c.type, c.count), recv(c.type, c.count);
       if (r == c.root)
         fillInput(c.type, c.op, seed, r, 0, c.count, c.inPlace ? recv.data() : send.data());
       const void* in = c.inPlace ? recv.data() : (r == c.root ? send.data() : nullptr);
@@ -69,7 +108,7 @@ std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
       break;
     }
     case Coll::Reduce: {
-      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count);
+      Buffer send(c.type, c.count), recv(c.type, c.count);
       fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
       void* out = c.inPlace ? send.data() : (r == c.root ? recv.data() : nullptr);
       comm.reduce(send.data(), out, c.count, c.type, c.op, c.root);
@@ -77,7 +116,7 @@ std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
       break;
     }
     case Coll::AllGather: {
-      std::vector<std::byte> send = poisoned(c.type, c.count), recv = poisoned(c.type, c.count * n);
+      Buffer send(c.type, c.count), recv(c.type, c.count * n);
       void* in = c.inPlace ? at(recv, r * c.count) : send.data();
       fillInput(c.type, c.op, seed, r, 0, c.count, in);
       comm.allGather(in, recv.data(), c.count, c.type);
@@ -86,7 +125,7 @@ std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
       break;
     }
     case Coll::ReduceScatter: {
-      std::vector<std::byte> send = poisoned(c.type, c.count * n), recv = poisoned(c.type, c.count);
+      Buffer send(c.type, c.count * n), recv(c.type, c.count);
       fillInput(c.type, c.op, seed, r, 0, c.count * n, send.data());
       void* out = c.inPlace ? at(send, r * c.count) : recv.data();
       comm.reduceScatter(send.data(), out, c.count, c.type, c.op);
@@ -94,7 +133,7 @@ std::string runCase(Communicator& comm, const Case& c, uint64_t seed) {
       break;
     }
   }
-  return problem.empty() ? "" : label(c, n) + problem;
+  return problem.empty() ? "" : label(c, n) + (gRegistered ? "(memAlloc buffers) " : "") + problem;
 }
 
 bool reduces(Coll c) {
@@ -174,6 +213,30 @@ TEST(ReduceScatter, MatchesReferenceAt2And5And8Ranks) {
   sweep(5, Coll::ReduceScatter, kCommonTypes, kCommonOps, {0, 1, 7, 1023, kLargeCount / 4});
   sweep(8, Coll::ReduceScatter, {DataType::Float32}, {ReduceOp::Sum},
         {1, 7, 1023, kLargeCount / 8});
+}
+
+// The same collectives with buffers from memAlloc: same-host peers read
+// them in place (each piece of 64 bytes or more), in place and out of place.
+TEST(MemAllocBuffers, AllReduceAt2And3And5And8Ranks) {
+  RegisteredBuffers registered;
+  for (int n : {2, 3, 5, 8})
+    sweep(n, Coll::AllReduce, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum, ReduceOp::Max},
+          {0, 7, 1023, 70001, kLargeCount});
+}
+TEST(MemAllocBuffers, BroadcastAndReduceAt2And3And5Ranks) {
+  RegisteredBuffers registered;
+  for (int n : {2, 3, 5}) {
+    sweep(n, Coll::Broadcast, {DataType::Float64}, {}, {7, 1023, kLargeCount}, {0, n - 1});
+    sweep(n, Coll::Reduce, {DataType::Int32}, {ReduceOp::Sum}, {7, 1023, kLargeCount}, {n - 1});
+  }
+}
+TEST(MemAllocBuffers, AllGatherAndReduceScatterAt2And3And5Ranks) {
+  RegisteredBuffers registered;
+  for (int n : {2, 3, 5}) {
+    sweep(n, Coll::AllGather, {DataType::Uint8, DataType::Float32}, {}, {7, 1023, kLargeCount / 4});
+    sweep(n, Coll::ReduceScatter, {DataType::Float32}, {ReduceOp::Sum, ReduceOp::Min},
+          {7, 1023, kLargeCount / 4});
+  }
 }
 
 }  // namespace

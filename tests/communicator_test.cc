@@ -106,6 +106,87 @@ TEST(SendRecv, EveryLengthAcrossTheInlineAndSlotBoundariesArrivesIntact) {
   });
 }
 
+TEST(MemAlloc, RejectsZeroBytesAndForeignPointersNamingTheArgument) {
+  EXPECT_THROW(
+      try { memAlloc(0); } catch (const Error& error) {
+        EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+        EXPECT_NE(std::string(error.what()).find("bytes"), std::string::npos) << error.what();
+        throw;
+      },
+      Error);
+  auto* memory = static_cast<unsigned char*>(memAlloc(100));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(memory) % 4096, 0u);
+  for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(memory[i], 0) << "memAlloc memory is not zeroed";
+  memory[4095] = 1;  // the whole page is usable
+  int local = 0;
+  for (void* foreign : {static_cast<void*>(&local), static_cast<void*>(memory + 1)}) {
+    EXPECT_THROW(
+        try { memFree(foreign); } catch (const Error& error) {
+          EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+          EXPECT_NE(std::string(error.what()).find("pointer"), std::string::npos) << error.what();
+          throw;
+        },
+        Error);
+  }
+  memFree(memory);
+  memFree(nullptr);
+  EXPECT_THROW(memFree(memory), Error);  // already freed
+}
+
+// memAlloc buffers at 3 ranks: peers on shared memory read them in place
+// (and only there); results stay right when regions are freed and new ones
+// made between ops, when more regions are live than a peer keeps mapped,
+// and for point-to-point, mixed with ordinary memory on the other side.
+TEST(MemAlloc, PeersReadBuffersInPlaceAcrossFreesAndManyRegions) {
+  runRanks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const size_t count = 50000;  // 200 KB: pieces above BRAID_DIRECT_BYTES
+    auto allReduceChecked = [&](float* buffer, bool inPlace, int salt) {
+      for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>((r + 1) * (i % 97 + salt));
+      std::vector<float> out(inPlace ? 0 : count);
+      float* result = inPlace ? buffer : out.data();
+      comm.allReduce(buffer, result, count, DataType::Float32, ReduceOp::Sum);
+      const float ranks = static_cast<float>(n * (n + 1) / 2);
+      for (size_t i = 0; i < count; ++i)
+        if (result[i] != ranks * static_cast<float>(i % 97 + salt))
+          require(false, format("element %zu is %g (salt %d)", i, result[i], salt));
+    };
+    const bool shm = detail::peerTransports(comm)[(r + 1) % n] == "shm";
+
+    // Freed and made anew between ops.
+    for (int round = 0; round < 40; ++round) {
+      auto* buffer = static_cast<float*>(memAlloc(count * sizeof(float)));
+      allReduceChecked(buffer, round % 2 == 1, round);
+      memFree(buffer);
+    }
+    require(shm == (detail::piecesSentByReference(comm) > 0),
+            format("%llu pieces went by reference over %s",
+                   static_cast<unsigned long long>(detail::piecesSentByReference(comm)),
+                   shm ? "shared memory" : "tcp"));
+
+    // More live regions than a peer keeps mapped, each used twice.
+    std::vector<float*> many(80);
+    for (auto& buffer : many) buffer = static_cast<float*>(memAlloc(count * sizeof(float)));
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t b = 0; b < many.size(); ++b) allReduceChecked(many[b], pass == 1, int(b));
+    for (float* buffer : many) memFree(buffer);
+
+    // Point-to-point around the ring: memAlloc memory out, ordinary memory in.
+    auto* out = static_cast<int32_t*>(memAlloc(count * sizeof(int32_t)));
+    std::vector<int32_t> in(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(r * 1000000 + i);
+    comm.groupStart();
+    comm.send(out, count, DataType::Int32, (r + 1) % n);
+    comm.recv(in.data(), count, DataType::Int32, (r + n - 1) % n);
+    comm.groupEnd();
+    const int from = (r + n - 1) % n;
+    for (size_t i = 0; i < count; ++i)
+      if (in[i] != static_cast<int32_t>(from * 1000000 + i))
+        require(false, format("element %zu from rank %d is wrong", i, from));
+    memFree(out);
+  });
+}
+
 TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {
   runRanks(3, [](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();

@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "core/memory.h"
+
 namespace braid::transport {
 
 using Clock = std::chrono::steady_clock;
@@ -50,6 +52,27 @@ class Connection {
   virtual const Message* peekRecv() = 0;
   // Frees the message returned by peekRecv().
   virtual void releaseRecv() = 0;
+
+  // Messages by reference (optional). Where the peer can map this rank's
+  // memory from braid::memAlloc(), a message whose bytes lie there can be
+  // posted as a reference to them instead of a copy: the receiver's
+  // peekRecv() returns that memory itself, mapped, so nobody copies it into
+  // a slot. The sender must leave those bytes unchanged until consumed()
+  // says the receiver released the message.
+  virtual bool carriesReferences() const { return false; }
+  // Publishes the slot reserved by sendSlot(bytes) as a reference to the
+  // `bytes` at `offset` in `region` (which holds them). Returns the ticket
+  // for consumed(). REQUIRES: carriesReferences().
+  virtual uint64_t postReference(const memory::Region& region, size_t offset, uint32_t bytes,
+                                 uint32_t tag) {
+    (void)region, (void)offset, (void)bytes, (void)tag;
+    return 0;
+  }
+  // True once the peer released the message posted under `ticket`.
+  virtual bool consumed(uint64_t ticket) const {
+    (void)ticket;
+    return true;
+  }
 
   // True when every posted message has left this rank's hands: the peer will
   // receive it without this rank doing anything more.

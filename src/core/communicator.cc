@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "core/introspect.h"
 #include "core/log.h"
+#include "core/memory.h"
 
 namespace braid {
 namespace {
@@ -169,8 +170,8 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
-  executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes,
-                                              localRanks(*bootstrap) <= usableCores());
+  executor = std::make_unique<exec::Executor>(
+      wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
 }
 
 Communicator::Impl::~Impl() {
@@ -232,6 +233,18 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.nranks = nranks;
     lane.tag = op.tag;
     lane.info = &op.info;
+    if (executor->usesReferences() && op.info.count * lane.elemSize >= knobs.directBytes) {
+      // Extents by NCCL's conventions; an input that overlaps the output
+      // (in place) is written by the op and so is never lent.
+      size_t inBytes = op.info.count * lane.elemSize, outBytes = inBytes;
+      if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
+      if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
+      const auto* in = static_cast<const std::byte*>(op.input);
+      const auto* out = static_cast<const std::byte*>(op.output);
+      const bool overlap = in && out && in < out + outBytes && out < in + inBytes;
+      if (!overlap) lane.inputRegion = memory::find(op.input);
+      lane.outputRegion = memory::find(op.output);
+    }
   }
   std::exception_ptr failure;
   try {
@@ -674,6 +687,10 @@ std::vector<std::string> peerTransports(const Communicator& comm) {
 }
 
 std::vector<std::string> builtTransports() { return transport::builtTransports(); }
+
+uint64_t piecesSentByReference(const Communicator& comm) {
+  return comm.impl() ? comm.impl()->executor->piecesSentByReference() : 0;
+}
 
 }  // namespace detail
 }  // namespace braid

@@ -1,6 +1,7 @@
 // What the tools may ask a communicator that the public API does not expose.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,5 +15,9 @@ std::vector<std::string> peerTransports(const Communicator& comm);
 
 // Transports compiled into this library, e.g. {"self", "tcp"}.
 std::vector<std::string> builtTransports();
+
+// How many pieces this rank has sent as references to its memAlloc memory
+// (read in place by the peer) rather than as copies.
+uint64_t piecesSentByReference(const Communicator& comm);
 
 }  // namespace braid::detail

@@ -27,6 +27,10 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_ONESHOT_BYTES", "bytes", "16K",
        "all-reduces of at most this size send every input to every rank (one hop; max 64K)",
        nullptr},
+      {"BRAID_DIRECT_BYTES", "bytes", "4K",
+       "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
+       "peers instead of copied through slots; 0 turns this off",
+       nullptr},
       {"BRAID_LOG_LEVEL", "string", "warn", "off, warn, info, debug or trace", "NCCL_DEBUG"},
       {"BRAID_LOG_SUBSYS", "list", "all",
        "subsystems to log: init, bootstrap, tcp, exec, coll, env", "NCCL_DEBUG_SUBSYS"},
@@ -156,6 +160,7 @@ Knobs Knobs::resolve(const Config& config) {
   knobs.oneShotBytes = parseBytes(lookup(knob("BRAID_ONESHOT_BYTES")).first, "BRAID_ONESHOT_BYTES");
   if (knobs.oneShotBytes > 64 * 1024)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ONESHOT_BYTES must be at most 64K");
+  knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.
   size_t half = knobs.slotBytes * static_cast<size_t>(knobs.slots) / 2;

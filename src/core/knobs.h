@@ -39,6 +39,7 @@ struct Knobs {
   size_t slotBytes;          // bytes per FIFO slot of a connection
   int slots;                 // slots per FIFO
   size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
+  size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

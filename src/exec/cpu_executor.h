@@ -16,6 +16,7 @@
 
 #include "algorithms/plan.h"
 #include "braid/types.h"
+#include "core/memory.h"
 #include "reduce/reduce.h"
 #include "transports/registry.h"
 
@@ -49,6 +50,10 @@ struct Lane {
   int nranks = 1;                   // Avg's divisor
   uint32_t tag = 0;                 // carried by every message of this op
   const OpInfo* info = nullptr;
+  // The memAlloc() regions that hold input and output, if any: pieces sent
+  // from there may go by reference (Executor's referenceBytes). The input's
+  // only when it does not overlap the output (the op never writes it).
+  memory::Region inputRegion, outputRegion;
 
   // Progress, owned by the executor.
   size_t step = 0;
@@ -60,8 +65,15 @@ class Executor {
   // `wiring` outlives the executor. Every message is at most `pieceBytes`
   // (one slot), the same on every rank and every transport. `spinFirst`:
   // an idle wait may busy-spin a few microseconds before it yields the core
-  // (false when this host has more ranks than cores).
-  Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst);
+  // (false when this host has more ranks than cores). Pieces of at least
+  // `referenceBytes` (0: none) that lie in a lane's region go by reference
+  // where the connection carries references.
+  Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst,
+           size_t referenceBytes);
+
+  // Whether any lane's regions could be used: worth looking them up.
+  bool usesReferences() const { return referenceBytes_ != 0; }
+  uint64_t piecesSentByReference() const { return piecesSentByReference_; }
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -79,6 +91,14 @@ class Executor {
   void prepareToWait();
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
+  // The region from which the piece `data` that `step` sends may be lent to
+  // the peer in place, or null when it must be copied.
+  const memory::Region* lentFrom(const Lane& lane, const algo::Step& step, const std::byte* data,
+                                 size_t bytes, const transport::Connection& out) const;
+  // Forgets the connections whose receivers released every lent piece;
+  // true when none is left.
+  bool allReturned();
+  void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
   [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
   [[noreturn]] void failStalled(const Lane* lanes, size_t count, std::chrono::milliseconds timeout);
 
@@ -93,6 +113,18 @@ class Executor {
   std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
   std::vector<transport::Transport*> active_;    // transports that progress() must drive
   std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
+  size_t referenceBytes_;
+  // Connections with pieces posted by reference that the receiver has not
+  // released yet: the op is not done before they are (the caller may then
+  // change them). Nothing writes them meanwhile: lentFrom() lends only
+  // memory the op does not write again.
+  struct Lent {  // the newest piece lent on a connection
+    const transport::Connection* connection;
+    uint64_t ticket;
+    int peer;
+  };
+  std::vector<Lent> lent_;
+  uint64_t piecesSentByReference_ = 0;
 };
 
 }  // namespace braid::exec

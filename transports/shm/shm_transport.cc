@@ -15,6 +15,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "braid/error.h"
 #include "core/errors.h"
@@ -65,6 +66,20 @@ constexpr size_t extraLines(size_t bytes) {
   return bytes <= kFirstLineData ? 0 : (bytes - kFirstLineData + kLineData - 1) / kLineData;
 }
 
+// A message by reference (Connection::postReference) has this bit set in
+// its `bytes` and this in its first line's data: where the bytes lie in the
+// sender's memory and how the receiver maps that memory (pidfd_getfd of the
+// sender's memfd).
+constexpr uint32_t kReferenceBit = 1u << 31;
+struct Reference {
+  uint64_t region;  // memory::Region::id, unique in the sender's process
+  uint64_t regionBytes;
+  uint64_t offset;
+  uint64_t freed;  // memory::freeCount() in the sender when it posted this
+  int32_t fd;      // the sender's fd for the region
+};
+static_assert(sizeof(Reference) <= kFirstLineData, "a reference fits in the first line");
+
 // How far the receiver has read; only grows. The sender reads it only when
 // its own view says the FIFO is full.
 struct FifoControl {
@@ -77,6 +92,7 @@ struct SegmentHeader {
   uint32_t slots;
   uint64_t slotBytes;
   int32_t pid;                   // the owner, for liveness checks
+  int32_t probeFd;               // an fd the owner holds open while peers connect (see create)
   std::atomic<uint32_t> closed;  // set when the owner destroyed its transport
   // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
@@ -205,8 +221,20 @@ class ShmConnection final : public Connection {
     bool restReady = linesReady(header, expectLines_, want);
     if (!firstReady) return nullptr;
     // The peer is trusted with its data, not with our bounds.
-    const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(header.first.bytes, slotBytes_));
+    const uint32_t raw = header.first.bytes;
+    const uint32_t bytes =
+        static_cast<uint32_t>(std::min<size_t>(raw & ~kReferenceBit, slotBytes_));
     const uint32_t tag = header.first.tag;
+    if (raw & kReferenceBit) {
+      Reference reference;
+      std::memcpy(&reference, header.first.data, sizeof reference);
+      if (reference.offset > reference.regionBytes ||
+          bytes > reference.regionBytes - reference.offset)
+        throw Error(ErrorCode::Internal,
+                    format("shm: rank %d referred to bytes outside its memory region", peer_));
+      current_ = {map(reference) + reference.offset, bytes, tag};
+      return &current_;
+    }
     if (bytes > kInline) {
       current_ = {in_.data + slot * slotBytes_, bytes, tag};
       return &current_;
@@ -234,6 +262,32 @@ class ShmConnection final : public Connection {
     ring(peerHeader_);
   }
 
+  bool carriesReferences() const override { return peerMapsOurs_; }
+
+  uint64_t postReference(const memory::Region& region, size_t offset, uint32_t bytes,
+                         uint32_t tag) override {
+    SlotHeader& header = out_.slots[sendTail_ % slots_];
+    const Reference reference{region.id, region.bytes, offset, memory::freeCount(), region.fd};
+    std::memcpy(header.first.data, &reference, sizeof reference);
+    const uint64_t seq = ++sendTail_;
+    header.first.bytes = bytes | kReferenceBit;
+    header.first.tag = tag;
+    header.first.seq.store(seq, std::memory_order_seq_cst);
+    ring(peerHeader_);
+    return seq;
+  }
+
+  bool consumed(uint64_t ticket) const override {
+    return out_.control->head.load(std::memory_order_acquire) >= ticket;
+  }
+
+  // Whether the peer can map this rank's memory, and this rank's handle on
+  // the peer's process for mapping the peer's (-1: it cannot).
+  void allowReferences(bool peerMapsOurs, int peerPidfd) {
+    peerMapsOurs_ = peerMapsOurs;
+    peerPidfd_ = peerPidfd;
+  }
+
   bool flushed() const override { return true; }  // a posted slot is already the peer's
   bool peerClosed() const override {
     return dead_ || peerHeader_->closed.load(std::memory_order_acquire) != 0;
@@ -252,7 +306,52 @@ class ShmConnection final : public Connection {
   }
   int peer() const { return peer_; }
 
+  ~ShmConnection() override {
+    unmapAll();
+    if (peerPidfd_ >= 0) ::close(peerPidfd_);
+  }
+
  private:
+  // The peer's memory region of `reference`, mapped here (read-only).
+  const std::byte* map(const Reference& reference) {
+    if (reference.freed != peerFreed_) {  // the peer freed regions: forget every mapping
+      unmapAll();
+      peerFreed_ = reference.freed;
+    }
+    for (const Mapping& mapping : mappings_)
+      if (mapping.region == reference.region) return mapping.base;
+    if (peerPidfd_ < 0)
+      throw Error(ErrorCode::Internal,
+                  format("shm: rank %d sent a reference this rank cannot map", peer_));
+    if (mappings_.size() == kMaxMappings) {
+      ::munmap(const_cast<std::byte*>(mappings_.front().base), mappings_.front().bytes);
+      mappings_.erase(mappings_.begin());
+    }
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, peerPidfd_, reference.fd, 0));
+    if (fd < 0)
+      throw Error(ErrorCode::SystemError, format("shm: cannot take rank %d's memory region: %s",
+                                                 peer_, std::strerror(errno)));
+    struct stat info {};
+    void* base = MAP_FAILED;
+    std::string problem;
+    if (::fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) < reference.regionBytes)
+      problem = format("rank %d's memory region is smaller than its message says", peer_);
+    else if ((base = ::mmap(nullptr, reference.regionBytes, PROT_READ, MAP_SHARED, fd, 0)) ==
+             MAP_FAILED)
+      problem = format("cannot map rank %d's memory region: %s", peer_, std::strerror(errno));
+    ::close(fd);
+    if (!problem.empty()) throw Error(ErrorCode::SystemError, "shm: " + problem);
+    mappings_.push_back({reference.region, static_cast<const std::byte*>(base),
+                         static_cast<size_t>(reference.regionBytes)});
+    return mappings_.back().base;
+  }
+
+  void unmapAll() {
+    for (const Mapping& mapping : mappings_)
+      ::munmap(const_cast<std::byte*>(mapping.base), mapping.bytes);
+    mappings_.clear();
+  }
+
   // Whether the first `lines` lines after the first carry message `want`.
   static bool linesReady(const SlotHeader& header, size_t lines, uint64_t want) {
     bool ready = true;
@@ -274,6 +373,18 @@ class ShmConnection final : public Connection {
   Message current_;
   alignas(kLine) std::byte sendStage_[kInline];  // an inline message, until postSend
   alignas(kLine) std::byte recvStage_[kInline];  // the received one, gathered
+
+  // References.
+  struct Mapping {
+    uint64_t region;
+    const std::byte* base;
+    size_t bytes;
+  };
+  static constexpr size_t kMaxMappings = 64;
+  bool peerMapsOurs_ = false;
+  int peerPidfd_ = -1;
+  uint64_t peerFreed_ = 0;         // the peer's memory::freeCount() when mappings_ were made
+  std::vector<Mapping> mappings_;  // the peer's regions, oldest first
   bool dead_ = false;
 };
 
@@ -288,6 +399,7 @@ class ShmTransport final : public Transport {
       futex(&mine->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
     }
     for (auto& connection : connections_) connection->wakePeer();
+    closeProbe();
   }
 
   const char* name() const override { return "shm"; }
@@ -318,7 +430,13 @@ class ShmTransport final : public Transport {
     }
   }
 
+  void closeProbe() {
+    if (probeFd_ >= 0) ::close(probeFd_);
+    probeFd_ = -1;
+  }
+
   Segment own_;
+  int probeFd_ = -1;  // own_'s fd, open until every peer tried to take it
   std::vector<Segment> peers_;
   std::vector<std::unique_ptr<ShmConnection>> connections_;
   std::vector<ShmConnection*> byRank_;
@@ -339,8 +457,9 @@ std::string segmentName(uint64_t secret, int rank) {
 }
 
 // Creates, sizes and maps this rank's segment. Returns "" or why it failed.
+// Keeps the segment's fd open in *fd (see SegmentHeader::probeFd).
 std::string createOwn(const std::string& name, const Layout& layout, size_t fifos, int slots,
-                      size_t slotBytes, Segment* out) {
+                      size_t slotBytes, Segment* out, int* keptFd) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {  // left by a crashed job with the same secret
     ::shm_unlink(name.c_str());
@@ -359,16 +478,18 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
                    : MAP_FAILED;
   if (problem.empty() && base == MAP_FAILED)
     problem = format("mmap(%s): %s", name.c_str(), std::strerror(errno));
-  ::close(fd);
   if (!problem.empty()) {
+    ::close(fd);
     ::shm_unlink(name.c_str());
     return problem;
   }
+  *keptFd = fd;
   auto* header = new (base) SegmentHeader{};
   header->fifos = static_cast<uint32_t>(fifos);
   header->slots = static_cast<uint32_t>(slots);
   header->slotBytes = slotBytes;
   header->pid = static_cast<int32_t>(::getpid());
+  header->probeFd = fd;
   auto* bytes = static_cast<std::byte*>(base);
   auto* controls = reinterpret_cast<FifoControl*>(bytes + layout.controls);
   for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};
@@ -443,7 +564,7 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   std::string problem;
   if (!peers.empty())
     problem = createOwn(segmentName(bootstrap.secret(), rank), layout, fifos, slots, slotBytes,
-                        &transport->own_);
+                        &transport->own_, &transport->probeFd_);
   agree(bootstrap, problem, "create", deadline);
 
   transport->peers_.reserve(peers.size());
@@ -458,12 +579,38 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   // Everyone mapped everything: the names are no longer needed.
   if (!peers.empty()) ::shm_unlink(segmentName(bootstrap.secret(), rank).c_str());
 
+  // References need each receiver to take the sender's memfds with
+  // pidfd_getfd(), which the kernel allows only with ptrace rights over the
+  // sender. Each rank tries it on every peer's probe fd, and every rank
+  // learns the outcome for every pair.
+  const int n = bootstrap.size();
+  std::vector<uint8_t> mayMap(static_cast<size_t>(n) * n, 0);
+  std::vector<int> pidfds(peers.size(), -1);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const SegmentHeader* theirs = transport->peers_[i].header();
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, theirs->pid, 0));
+    if (pidfd < 0) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, theirs->probeFd, 0));
+    if (fd < 0) {
+      BRAID_DEBUG(Init, "shm: no references from rank %d: pidfd_getfd: %s", peers[i],
+                  std::strerror(errno));
+      ::close(pidfd);
+      continue;
+    }
+    ::close(fd);
+    pidfds[i] = pidfd;
+    mayMap[static_cast<size_t>(rank) * n + peers[i]] = 1;
+  }
+  bootstrap.allGather(mayMap.data(), static_cast<size_t>(n), deadline);
+  transport->closeProbe();
+
   for (size_t i = 0; i < peers.size(); ++i) {
     const int peer = peers[i];
     const Segment& theirs = transport->peers_[i];
     auto connection = std::make_unique<ShmConnection>(
         peer, theirs.fifo(fifoIndex(rank, peer)), theirs.header(),
         transport->own_.fifo(fifoIndex(peer, rank)), slotBytes, static_cast<size_t>(slots));
+    connection->allowReferences(mayMap[static_cast<size_t>(peer) * n + rank] != 0, pidfds[i]);
     transport->byRank_[peer] = connection.get();
     transport->connections_.push_back(std::move(connection));
   }
