@@ -184,6 +184,21 @@ TEST(MemAlloc, PeersReadBuffersInPlaceAcrossFreesAndManyRegions) {
       if (in[i] != static_cast<int32_t>(from * 1000000 + i))
         require(false, format("element %zu from rank %d is wrong", i, from));
     memFree(out);
+
+    // A grouped send and receive on the same memAlloc buffer (nccl-tests'
+    // in-place sendrecv): what the receive writes must not be lent.
+    auto* shared = static_cast<int32_t*>(memAlloc(count * sizeof(int32_t)));
+    for (int round = 0; round < 10; ++round) {
+      for (size_t i = 0; i < count; ++i) shared[i] = static_cast<int32_t>(r * 1000000 + i + round);
+      comm.groupStart();
+      comm.send(shared, count, DataType::Int32, (r + 1) % n);
+      comm.recv(shared, count, DataType::Int32, (r + n - 1) % n);
+      comm.groupEnd();
+      for (size_t i = 0; i < count; ++i)
+        if (shared[i] != static_cast<int32_t>(from * 1000000 + i + round))
+          require(false, format("in-place element %zu from rank %d is wrong", i, from));
+    }
+    memFree(shared);
   });
 }
 

@@ -212,6 +212,46 @@ void Communicator::Impl::dropGroup(std::exception_ptr error) {
   group.clear();
 }
 
+namespace {
+
+// The bytes an op reads and writes, by NCCL's buffer conventions.
+struct Extents {
+  const std::byte* in;
+  size_t inBytes;
+  const std::byte* out;
+  size_t outBytes;
+};
+
+Extents extentsOf(const PendingOp& op, int nranks) {
+  size_t inBytes = op.info.count * dataTypeSize(op.info.type), outBytes = inBytes;
+  if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
+  if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
+  return {static_cast<const std::byte*>(op.input), op.input ? inBytes : 0,
+          static_cast<const std::byte*>(op.output), op.output ? outBytes : 0};
+}
+
+bool overlap(const std::byte* a, size_t aBytes, const std::byte* b, size_t bBytes) {
+  return aBytes && bBytes && a < b + bBytes && b < a + aBytes;
+}
+
+}  // namespace
+
+void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const {
+  for (size_t i = 0; i < count; ++i) {
+    if (ops[i].info.count * lanes[i].elemSize < knobs.directBytes) continue;
+    const Extents mine = extentsOf(ops[i], nranks);
+    // An input that this op (in place) or another op of the group writes
+    // is never lent.
+    bool written = false;
+    for (size_t j = 0; j < count && !written; ++j) {
+      const Extents other = j == i ? mine : extentsOf(ops[j], nranks);
+      written = overlap(mine.in, mine.inBytes, other.out, other.outBytes);
+    }
+    if (mine.inBytes && !written) lanes[i].inputRegion = memory::find(mine.in);
+    if (mine.outBytes) lanes[i].outputRegion = memory::find(mine.out);
+  }
+}
+
 void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   exec::Lane single;
   std::vector<exec::Lane> many;
@@ -233,19 +273,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.nranks = nranks;
     lane.tag = op.tag;
     lane.info = &op.info;
-    if (executor->usesReferences() && op.info.count * lane.elemSize >= knobs.directBytes) {
-      // Extents by NCCL's conventions; an input that overlaps the output
-      // (in place) is written by the op and so is never lent.
-      size_t inBytes = op.info.count * lane.elemSize, outBytes = inBytes;
-      if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
-      if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
-      const auto* in = static_cast<const std::byte*>(op.input);
-      const auto* out = static_cast<const std::byte*>(op.output);
-      const bool overlap = in && out && in < out + outBytes && out < in + inBytes;
-      if (!overlap) lane.inputRegion = memory::find(op.input);
-      lane.outputRegion = memory::find(op.output);
-    }
   }
+  if (executor->usesReferences()) findRegions(ops, lanes, count);
   std::exception_ptr failure;
   try {
     throwIfFailed();

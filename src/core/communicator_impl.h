@@ -52,6 +52,8 @@ struct Communicator::Impl {
   // Runs ops together in the calling thread and completes their Work.
   // REQUIRES: execMutex held.
   void execute(PendingOp* ops, size_t count);
+  // Sets each lane's memAlloc regions (what its pieces may be lent from).
+  void findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const;
   // Waits until the progress thread has nothing queued or running.
   void waitForAsyncIdle();
   void enqueue(std::vector<PendingOp> ops);
