@@ -114,8 +114,9 @@ class Checker {
   }
   // count * blocks elements of `type` must be addressable.
   void size(const char* name, size_t count, DataType type, size_t blocks = 1) const {
-    size_t limit = std::numeric_limits<size_t>::max() / 2 / dataTypeSize(type) / blocks;
-    if (count > limit)
+    size_t bytes = 0;
+    if (__builtin_mul_overflow(count, dataTypeSize(type) * blocks, &bytes) ||
+        bytes > std::numeric_limits<size_t>::max() / 2)
       reject(format("argument '%s' (%zu) times the %s element size%s overflows", name, count,
                     dataTypeName(type), blocks > 1 ? " and the rank count" : ""));
   }
@@ -167,6 +168,16 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       bootstrap(std::move(boot)),
       sendSeq(nranks, 0),
       recvSeq(nranks, 0) {
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    algo::Shape& shape = shapes[static_cast<size_t>(t)];
+    shape.nranks = nranks;
+    shape.rank = rank;
+    const size_t size = dataTypeSize(static_cast<DataType>(t));
+    shape.elemSize = size;
+    shape.alignElems = std::max<size_t>(1, 64 / size);  // chunks start on cache lines
+    shape.chunkElems =
+        std::max(shape.alignElems, knobs.chunkBytes / size / shape.alignElems * shape.alignElems);
+  }
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
@@ -263,7 +274,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const PendingOp& op = ops[i];
     exec::Lane& lane = lanes[i];
-    lane.plan = op.plan.get();
+    lane.plan = op.plan;
     lane.input = static_cast<const std::byte*>(op.input);
     lane.output = static_cast<std::byte*>(op.output);
     lane.type = op.info.type;
@@ -319,13 +330,10 @@ void Communicator::Impl::progressLoop() {
     std::vector<PendingOp> ops = std::move(queue.front());
     queue.pop_front();
     lock.unlock();
-    {
-      std::lock_guard<std::mutex> exec(execMutex);
-      try {
-        execute(ops.data(), ops.size());
-      } catch (...) {
-        // Delivered through each op's Work.
-      }
+    try {
+      execute(ops.data(), ops.size());
+    } catch (...) {
+      // Delivered through each op's Work.
     }
     lock.lock();
     --outstanding;
@@ -356,8 +364,11 @@ uint32_t tagFor(const PendingOp& op) {
 
 }  // namespace
 
-Work Communicator::Impl::issue(PendingOp op) {
+Work Communicator::Impl::issue(PendingOp&& op) {
   op.tag = tagFor(op);
+  // An op that runs later keeps its plan: the cache may evict it meanwhile.
+  // (Its plan is the cache's last one: it was looked up just now.)
+  if (groupDepth > 0 || op.async) op.keepPlan = plans.last();
   if (groupDepth > 0) {
     op.work = std::make_shared<Work::State>();
     op.work->inOpenGroup = true;
@@ -374,7 +385,6 @@ Work Communicator::Impl::issue(PendingOp op) {
     return work;
   }
   waitForAsyncIdle();
-  std::lock_guard<std::mutex> lock(execMutex);
   execute(&op, 1);
   return Work();  // an empty Work is a completed one
 }
@@ -428,15 +438,8 @@ Communicator::Impl& usable(Communicator::Impl* impl, const char* op) {
 }
 
 algo::Shape shapeFor(const Communicator::Impl& impl, size_t count, DataType type) {
-  algo::Shape shape;
-  shape.nranks = impl.nranks;
-  shape.rank = impl.rank;
+  algo::Shape shape = impl.shapes[static_cast<size_t>(type)];
   shape.count = count;
-  size_t size = dataTypeSize(type);
-  shape.elemSize = size;
-  shape.alignElems = std::max<size_t>(1, 64 / size);
-  shape.chunkElems = std::max(shape.alignElems,
-                              impl.knobs.chunkBytes / size / shape.alignElems * shape.alignElems);
   return shape;
 }
 
@@ -449,7 +452,7 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   op.info.seq = impl.collectiveSeq++;
   op.info.count = shape.count;
   op.info.type = type;
-  op.plan = impl.plans.get(collective, shape);
+  op.plan = impl.plans.get(collective, shape).get();
   op.input = input;
   op.output = output;
   op.async = stream.isAsync();
@@ -552,7 +555,7 @@ PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input
   op.info.count = count;
   op.info.type = type;
   op.info.peer = peer;
-  op.plan = impl.plans.get(sending ? Collective::Send : Collective::Recv, shape);
+  op.plan = impl.plans.get(sending ? Collective::Send : Collective::Recv, shape).get();
   op.input = input;
   op.output = output;
   // The k-th send from A to B meets the k-th receive at B from A.
@@ -619,7 +622,6 @@ void Communicator::groupEnd() {
     return;
   }
   impl.waitForAsyncIdle();
-  std::lock_guard<std::mutex> lock(impl.execMutex);
   impl.execute(ops.data(), ops.size());
 }
 
@@ -631,7 +633,6 @@ Communicator Communicator::split(int color, int key) {
   Impl& impl = usable(impl_.get(), "split");
   if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "split inside a group");
   impl.waitForAsyncIdle();
-  std::lock_guard<std::mutex> lock(impl.execMutex);
   net::Deadline deadline = deadlineAfter(impl.knobs.timeout);
 
   struct Entry {

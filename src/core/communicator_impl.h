@@ -1,6 +1,7 @@
 // The communicator's state. Only src/core sees it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -33,7 +34,8 @@ struct Work::State {
 // One issued operation, bound to its buffers, waiting to run.
 struct PendingOp {
   exec::OpInfo info;
-  std::shared_ptr<const algo::Plan> plan;
+  const algo::Plan* plan = nullptr;
+  std::shared_ptr<const algo::Plan> keepPlan;  // set for ops that run after issue() returns
   const void* input = nullptr;
   void* output = nullptr;
   uint32_t tag = 0;  // set by issue()
@@ -48,9 +50,12 @@ struct Communicator::Impl {
   ~Impl();
 
   // Issues `op`: into the open group, onto the progress thread, or inline.
-  Work issue(PendingOp op);
+  Work issue(PendingOp&& op);
   // Runs ops together in the calling thread and completes their Work.
-  // REQUIRES: execMutex held.
+  // REQUIRES: the calling thread owns the executor. The progress thread owns
+  // it while `outstanding` > 0; the user's thread (one at a time, as for
+  // every call but abort()) once waitForAsyncIdle() returned, since only it
+  // can queue more.
   void execute(PendingOp* ops, size_t count);
   // Sets each lane's memAlloc regions (what its pieces may be lent from).
   void findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const;
@@ -73,6 +78,8 @@ struct Communicator::Impl {
   transport::Wiring wiring;
   std::unique_ptr<exec::Executor> executor;
   PlanCache plans{knobs.oneShotBytes};
+  // Per DataType: this communicator's plan shape, all but the count.
+  std::array<algo::Shape, kNumDataTypes> shapes;
 
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex
@@ -86,8 +93,6 @@ struct Communicator::Impl {
   int groupDepth = 0;
   std::vector<PendingOp> group;         // ops issued inside the open group
   std::byte barrierIn{}, barrierOut{};  // the barrier's 1-byte all-reduce
-
-  std::mutex execMutex;  // held while the executor runs; it serializes the transports
 
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;

@@ -2,7 +2,8 @@
 
 namespace braid {
 
-std::shared_ptr<const algo::Plan> PlanCache::get(Collective collective, const algo::Shape& shape) {
+const std::shared_ptr<const algo::Plan>& PlanCache::get(Collective collective,
+                                                        const algo::Shape& shape) {
   Key key{collective,       shape.root,       shape.peer,    shape.count,
           shape.chunkElems, shape.alignElems, shape.elemSize};
   if (last_ && key == lastKey_) return last_;

@@ -23,8 +23,13 @@ enum class Collective : uint8_t {
 class PlanCache {
  public:
   // The plan for `collective` at `shape`, made on first use. Plans are
-  // immutable and shared: a group may hold one while the cache evicts it.
-  std::shared_ptr<const algo::Plan> get(Collective collective, const algo::Shape& shape);
+  // immutable and shared: an op that runs later (in a group, or async)
+  // keeps a copy of the pointer, as the cache may evict the plan meanwhile.
+  // The reference stays valid until the next get().
+  const std::shared_ptr<const algo::Plan>& get(Collective collective, const algo::Shape& shape);
+
+  // The plan the last get() returned.
+  const std::shared_ptr<const algo::Plan>& last() const { return last_; }
 
   // All-reduces of at most this many bytes use the one-shot plan.
   explicit PlanCache(size_t oneShotBytes) : oneShotBytes_(oneShotBytes) {}
