@@ -128,6 +128,11 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
     if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
     if (!transport->passive()) active_.push_back(transport.get());
   }
+  // A passive transport's posted message is already the peer's.
+  for (size_t peer = 0; peer < wiring_.connections.size(); ++peer)
+    for (auto& transport : wiring_.transports)
+      if (!transport->passive() && wiring_.names[peer] == transport->name())
+        unflushable_.push_back(wiring_.connections[peer]);
 }
 
 std::string OpInfo::describe() const {
@@ -301,7 +306,7 @@ bool Executor::progressTransports() {
 }
 
 bool Executor::flushed() const {
-  for (const transport::Connection* connection : wiring_.connections)
+  for (const transport::Connection* connection : unflushable_)
     if (!connection->flushed()) return false;
   return true;
 }
@@ -381,7 +386,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   try {
     for (;;) {
       // Transports first: a pass starts by taking in what arrived.
-      bool moved = progressTransports();
+      bool moved = !active_.empty() && progressTransports();
       bool finished = true;
       for (size_t i = 0; i < count; ++i) {
         Lane& lane = lanes[i];

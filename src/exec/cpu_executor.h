@@ -110,9 +110,10 @@ class Executor {
   // (another process wants this core).
   Clock::duration pureSpin_;
   void adaptSpin(Clock::duration waited);
-  std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
-  std::vector<transport::Transport*> active_;    // transports that progress() must drive
-  std::vector<std::byte> scratch_;               // algo::kScratchBytes per lane
+  std::vector<transport::Transport*> waitable_;      // transports that can block a waiter
+  std::vector<transport::Transport*> active_;        // transports that progress() must drive
+  std::vector<transport::Connection*> unflushable_;  // connections of active transports
+  std::vector<std::byte> scratch_;                   // algo::kScratchBytes per lane
   size_t referenceBytes_;
   // Connections with pieces posted by reference that the receiver has not
   // released yet: the op is not done before they are (the caller may then
