@@ -26,6 +26,9 @@
 #   NRANKS       ranks (default 2)
 #   MINBYTES MAXBYTES FACTOR   sizes (default 8, 64M, 2)
 #   ITERS WARMUP timed and warm-up calls per size (default 20, 5)
+#   BRAID_MEMALLOC  1: also braid with buffers from braid::memAlloc (braid-perf
+#                -R 1), which same-host peers read in place, as an extra
+#                column (default 0)
 #   BRAID_ALSO   braid transports to run too, as extra columns (e.g. "tcp";
 #                default none); braid's ratios are those of its own choice
 #   GLOO_ALGOS   Gloo variants, best per size is shown (default
@@ -159,6 +162,10 @@ job() {
 }
 
 job braid braid "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+if [ "${BRAID_MEMALLOC:-0}" = 1 ]; then
+  job "braid memAlloc" braid-memalloc "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" \
+    allreduce -R 1 "${sizes[@]}"
+fi
 for transport in $BRAID_ALSO; do
   job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$transport" \
     "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"

@@ -377,7 +377,8 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   // not on every pass.
   Clock::time_point idleSince{}, now{};
   bool idle = false;
-  bool armed = false;  // the transports hold a snapshot to wait against
+  bool counted = false;  // the clock runs for this idle spell
+  bool armed = false;    // the transports hold a snapshot to wait against
   unsigned turns = 0;
   auto startIdleClock = [&] {
     idleSince = now = Clock::now();
@@ -399,7 +400,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
       if (moved) {
-        if (idle) adaptSpin(turns <= kUncountedTurns ? Clock::duration::zero() : now - idleSince);
+        if (idle) adaptSpin(counted ? now - idleSince : Clock::duration::zero());
         idle = false;
         continue;
       }
@@ -407,16 +408,18 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         idle = true;
         armed = false;
         turns = 0;
-        if (pureSpin_ == Clock::duration::zero()) startIdleClock();
+        // A rank that must not spin starts counting at once.
+        counted = pureSpin_ == Clock::duration::zero();
+        if (counted) startIdleClock();
       }
-      if (++turns <= kUncountedTurns && pureSpin_ != Clock::duration::zero()) {
+      ++turns;
+      if (!counted) {
         // Most waits on the latency path end within these turns: poll
         // without reading the clock (a clock read costs about as much as a
         // whole small message) and without pausing, to see the answer the
         // moment it lands.
-        continue;
-      }
-      if (turns == kUncountedTurns + 1) {
+        if (turns <= kUncountedTurns) continue;
+        counted = true;
         startIdleClock();
       } else if ((turns & 15) == 0) {
         now = Clock::now();
