@@ -110,6 +110,12 @@ class Transport {
   // so nothing that arrived before the snapshot is slept through.
   virtual void prepareToWait() {}
 
+  // As of the last prepareToWait(): some peer of this transport last ran on
+  // this rank's CPU. Such a rank waits best asleep: a yield hands the CPU to
+  // the peer and back, while a sleeper the peer wakes gets placed on an idle
+  // CPU if there is one.
+  virtual bool peerSharesCpu() const { return false; }
+
   // Blocks until progress() might move something (anything changed since
   // prepareToWait()), or until `until`.
   virtual void waitForActivity(Clock::time_point until) = 0;

@@ -122,6 +122,7 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
     : wiring_(wiring),
       rank_(rank),
       pieceBytes_(pieceBytes),
+      spinFirst_(spinFirst),
       pureSpin_(spinFirst ? kPureSpin : Clock::duration::zero()),
       referenceBytes_(referenceBytes) {
   for (auto& transport : wiring_.transports) {
@@ -315,6 +316,12 @@ void Executor::prepareToWait() {
   for (transport::Transport* transport : waitable_) transport->prepareToWait();
 }
 
+bool Executor::peerSharesCpu() const {
+  for (const transport::Transport* transport : waitable_)
+    if (transport->peerSharesCpu()) return true;
+  return false;
+}
+
 void Executor::waitForActivity(Clock::time_point until) {
   if (waitable_.empty()) {  // nothing to block on (only "self"): just sleep
     std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), kShortSleep));
@@ -432,7 +439,9 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         // Snapshot, then at least one more full pass before any sleep.
         prepareToWait();
         armed = true;
-      } else if (idleFor > kSpin) {
+      } else if (idleFor > kSpin || (spinFirst_ && peerSharesCpu())) {
+        // Past the spin, or (on a host with a core per rank) sharing a CPU
+        // with a peer, which the scheduler will fix when it wakes us.
         waitForActivity(std::min(deadline, now + kLongestSleep));
         prepareToWait();  // the next pass checks every step again before any sleep
         now = Clock::now();

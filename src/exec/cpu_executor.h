@@ -89,6 +89,7 @@ class Executor {
   bool advance(Lane& lane);
   bool progressTransports();
   void prepareToWait();
+  bool peerSharesCpu() const;
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
   // The region from which the piece `data` that `step` sends may be lent to
@@ -105,6 +106,7 @@ class Executor {
   transport::Wiring& wiring_;
   int rank_;
   size_t pieceBytes_;
+  bool spinFirst_;  // this host has a core per rank
   // How long an idle wait busy-spins before yielding. It adapts: it grows
   // while peers answer quickly and shrinks while spins end unanswered
   // (another process wants this core).

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -98,6 +99,8 @@ struct SegmentHeader {
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
   alignas(kLine) std::atomic<uint32_t> doorbell;
   alignas(kLine) std::atomic<uint32_t> sleeping;
+  // The CPU the owner ran on when it last started to idle (-1: unknown).
+  alignas(kLine) std::atomic<int32_t> cpu;
 };
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -408,7 +411,16 @@ class ShmTransport final : public Transport {
   bool progress() override { return false; }  // peers write straight into our slots
   bool passive() const override { return true; }
 
-  void prepareToWait() override { seen_ = activity(); }
+  void prepareToWait() override {
+    seen_ = activity();
+    const int cpu = ::sched_getcpu();
+    own_.header()->cpu.store(cpu, std::memory_order_relaxed);
+    sharesCpu_ = false;
+    for (const Segment& peer : peers_)
+      sharesCpu_ |= cpu >= 0 && peer.header()->cpu.load(std::memory_order_relaxed) == cpu;
+  }
+
+  bool peerSharesCpu() const override { return sharesCpu_; }
 
   void waitForActivity(Clock::time_point until) override {
     SegmentHeader* mine = own_.header();
@@ -449,6 +461,7 @@ class ShmTransport final : public Transport {
   }
   static constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
   uint64_t seen_ = 0;
+  bool sharesCpu_ = false;
   Clock::time_point lastLivenessCheck_{};
 };
 
@@ -490,6 +503,7 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   header->slotBytes = slotBytes;
   header->pid = static_cast<int32_t>(::getpid());
   header->probeFd = fd;
+  header->cpu.store(-1, std::memory_order_relaxed);
   auto* bytes = static_cast<std::byte*>(base);
   auto* controls = reinterpret_cast<FifoControl*>(bytes + layout.controls);
   for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};
