@@ -24,7 +24,7 @@ const std::vector<KnobInfo>& knobTable() {
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
-      {"BRAID_ONESHOT_BYTES", "bytes", "16K",
+      {"BRAID_ONESHOT_BYTES", "bytes", "4K",
        "all-reduces of at most this size send every input to every rank (one hop; max 64K)",
        nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",

@@ -15,7 +15,9 @@ const std::shared_ptr<const algo::Plan>& PlanCache::get(Collective collective,
   algo::Plan plan;
   switch (collective) {
     case Collective::AllReduce:
-      plan = algo::ringAllReduce(shape);
+      plan = shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes_
+                 ? algo::oneShotAllReduce(shape)
+                 : algo::ringAllReduce(shape);
       break;
     case Collective::Broadcast:
       plan = algo::chainBroadcast(shape);
