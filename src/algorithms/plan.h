@@ -11,7 +11,8 @@
 namespace braid::algo {
 
 // The buffers a step reads or writes: the user's two, and a scratch area
-// of kScratchBytes that the executor gives each running op.
+// of kScratchBytes (or the plan's scratchBytes, if more) that the executor
+// gives each running op.
 enum class Buffer : uint8_t { Input, Output, Scratch };
 inline constexpr size_t kScratchBytes = 64 * 1024;
 
@@ -50,6 +51,8 @@ struct Step {
 
 struct Plan {
   std::vector<Step> steps;
+  // Bytes of scratch the steps use, when more than kScratchBytes.
+  size_t scratchBytes = 0;
 };
 
 // Everything a planner may depend on. Plans are cached by this shape.
@@ -82,6 +85,28 @@ Plan ringAllGather(const Shape& shape);
 // Ring reduce-scatter: n-1 steps per round; each rank sends and receives
 // (n-1) * S bytes for an S-byte output.
 Plan ringReduceScatter(const Shape& shape);
+
+// Recursive-doubling all-reduce (folded onto a power of two): log2(p)
+// exchanges of the whole buffer. See recursive_doubling_all_reduce.cc.
+Plan recursiveDoublingAllReduce(const Shape& shape);
+
+// Rabenseifner all-reduce: recursive-halving reduce-scatter, then
+// recursive-doubling all-gather, folded onto a power of two.
+Plan rabenseifnerAllReduce(const Shape& shape);
+
+// Double-binary-tree all-reduce: two complementary trees, each reducing and
+// then broadcasting half of the buffer.
+Plan treeAllReduce(const Shape& shape);
+
+// Binomial-tree broadcast and reduce: ceil(log2 n) hops.
+Plan binomialBroadcast(const Shape& shape);
+Plan binomialReduce(const Shape& shape);
+
+// Bruck all-gather: ceil(log2 n) rounds at any rank count.
+Plan bruckAllGather(const Shape& shape);
+
+// Recursive-halving reduce-scatter. REQUIRES: nranks is a power of two.
+Plan recursiveHalvingReduceScatter(const Shape& shape);
 
 // Pipelined chain broadcast from root around the ring: one step per chunk;
 // every rank but the last in the chain sends S bytes, every rank but the

@@ -1,4 +1,4 @@
-// Chunk arithmetic shared by the ring planners.
+// Chunk and rank arithmetic shared by the planners.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +30,68 @@ struct RingRound {
 // the same sizes, so both skip it.
 inline void addStep(Plan& plan, const Step& step) {
   if (step.count > 0) plan.steps.push_back(step);
+}
+
+// The largest power of two not above n (n >= 1).
+inline int powerOfTwoBelow(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+inline bool isPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// Ranks folded onto a power of two, for recursive doubling and halving at
+// any rank count: with p = powerOfTwoBelow(n) and e = n - p, ranks 0..2e-1
+// pair up (2i hands its data to 2i+1), leaving p active ranks numbered
+// 0..p-1.
+struct Fold {
+  int p, e;
+  explicit Fold(int n) : p(powerOfTwoBelow(n)), e(n - powerOfTwoBelow(n)) {}
+  // The active number of rank r, or -1 for a rank that handed its data on.
+  int active(int r) const { return r < 2 * e ? (r % 2 ? r / 2 : -1) : r - e; }
+  int rankOf(int active) const { return active < e ? 2 * active + 1 : active + e; }
+  bool handsOn(int r) const { return r < 2 * e && r % 2 == 0; }    // 2i
+  bool takesOver(int r) const { return r < 2 * e && r % 2 == 1; }  // 2i+1
+};
+
+// An element range [begin, begin + count) of some buffer.
+struct Span {
+  size_t begin;
+  size_t count;
+};
+
+// Appends one exchange, chunked so that no step holds more than `chunk`
+// elements, alternating sends and receives so that no FIFO fills: send
+// `out` of `from` to `sendPeer`, receive `in` from `recvPeer` with step
+// `recv` (whose kind, src, dst and flags are kept; offsets and count are set
+// per chunk: src at the chunk's place in `in`, dst there too, or from
+// `dstBegin` on when given).
+inline constexpr size_t kSameAsIn = ~size_t{0};
+inline void addExchange(Plan& plan, int sendPeer, const Span& out, Buffer from, int recvPeer,
+                        const Span& in, Step recv, size_t chunk, bool settledOut = false,
+                        size_t dstBegin = kSameAsIn) {
+  const size_t outChunks = (out.count + chunk - 1) / chunk;
+  const size_t inChunks = (in.count + chunk - 1) / chunk;
+  for (size_t i = 0; i < std::max(outChunks, inChunks); ++i) {
+    if (i < outChunks) {
+      Step send;
+      send.kind = StepKind::Send;
+      send.sendPeer = sendPeer;
+      send.src = from;
+      send.srcOffset = out.begin + i * chunk;
+      send.count = std::min(chunk, out.count - i * chunk);
+      send.settled = settledOut;
+      addStep(plan, send);
+    }
+    if (i < inChunks) {
+      Step step = recv;
+      step.recvPeer = recvPeer;
+      step.srcOffset = in.begin + i * chunk;
+      step.dstOffset = (dstBegin == kSameAsIn ? in.begin : dstBegin) + i * chunk;
+      step.count = std::min(chunk, in.count - i * chunk);
+      addStep(plan, step);
+    }
+  }
 }
 
 inline Step localCopy(size_t srcOffset, size_t dstOffset, size_t count, bool finalize) {

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -374,8 +375,16 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   // waits costs no clock read. Time spent before that counts as progress.
   Clock::time_point deadline{};
   lent_.clear();  // a failed op's leftovers: its peers failed too
-  if (scratch_.size() < count * algo::kScratchBytes) scratch_.resize(count * algo::kScratchBytes);
-  for (size_t i = 0; i < count; ++i) lanes[i].scratch = scratch_.data() + i * algo::kScratchBytes;
+  // Each lane's scratch: kScratchBytes, or what its plan asks for. The area
+  // only grows, so a repeated op allocates nothing.
+  auto scratchOf = [&](size_t i) {
+    return (std::max(algo::kScratchBytes, lanes[i].plan->scratchBytes) + 63) / 64 * 64;
+  };
+  size_t need = 0;
+  for (size_t i = 0; i < count; ++i) need += scratchOf(i);
+  if (scratch_.size() < need) scratch_.resize(need);
+  for (size_t i = 0, at = 0; i < count; at += scratchOf(i), ++i)
+    lanes[i].scratch = scratch_.data() + at;
   std::unique_ptr<Arbiter> arbiter;
   if (count > 1)
     arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));

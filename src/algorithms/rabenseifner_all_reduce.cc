@@ -1,0 +1,90 @@
+// Rabenseifner all-reduce: reduce-scatter by recursive halving, then
+// all-gather by recursive doubling.
+//
+// The ranks fold onto p = 2^floor(log2 n) active ones as in recursive
+// doubling (2i adds its input into 2i+1's first, and gets the result back at
+// the end). The buffer is cut into p parts. Halving: active rank a keeps the
+// half of its current range of parts that holds part a, sends the other half
+// to a^(p/2), a^(p/4), ..., a^1 in turn and adds what it gets for the half it
+// keeps, so it ends owning part a, fully reduced. Doubling: with a^1, a^2,
+// ..., a^(p/2) it swaps the block of parts it owns for its partner's. Each
+// active rank sends and receives 2(p-1)/p * S bytes in 2 log2(p) steps:
+// the ring's bandwidth with the latency of recursive doubling.
+#include "algorithms/plan.h"
+#include "algorithms/ring.h"
+
+namespace braid::algo {
+
+Plan rabenseifnerAllReduce(const Shape& shape) {
+  const int n = shape.nranks;
+  const int r = shape.rank;
+  Plan plan;
+  if (shape.count == 0) return plan;
+  if (n == 1) {
+    addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/true));
+    return plan;
+  }
+  const Fold fold(n);
+  const int a = fold.active(r);
+  const size_t chunk = shape.chunkElems;
+  // Part i of p, chunk-aligned as the ring's.
+  const RingRound parts(0, shape.count, fold.p, shape.alignElems);
+  auto partsSpan = [&](int first, int count) {
+    return Span{parts.begin(first), parts.begin(first + count) - parts.begin(first)};
+  };
+  const Span whole{0, shape.count};
+
+  Buffer current = Buffer::Input;
+  if (fold.handsOn(r)) {
+    addExchange(plan, r + 1, whole, Buffer::Input, r + 1, {0, 0}, Step{}, chunk);
+  } else if (fold.takesOver(r)) {
+    Step add;
+    add.kind = StepKind::RecvReduceCopy;
+    add.src = Buffer::Input;
+    add.dst = Buffer::Output;
+    addExchange(plan, r - 1, {0, 0}, Buffer::Input, r - 1, whole, add, chunk);
+    current = Buffer::Output;
+  }
+  if (a >= 0) {
+    // Halving: [lo, lo + size) is the range of parts this rank still holds.
+    int lo = 0, size = fold.p;
+    for (int mask = fold.p / 2; mask >= 1; mask /= 2) {
+      size /= 2;
+      const bool upper = (a & mask) != 0;
+      const Span keep = partsSpan(upper ? lo + size : lo, size);
+      const Span give = partsSpan(upper ? lo : lo + size, size);
+      if (upper) lo += size;
+      Step add;
+      add.kind = StepKind::RecvReduceCopy;
+      add.src = current;
+      add.dst = Buffer::Output;
+      add.finalize = mask == 1;
+      addExchange(plan, fold.rankOf(a ^ mask), give, current, fold.rankOf(a ^ mask), keep, add,
+                  chunk);
+      current = Buffer::Output;
+    }
+    // Doubling: this rank owns the block of `size` parts from `lo`.
+    for (int mask = 1; mask < fold.p; mask *= 2) {
+      const int partner = a ^ mask;
+      const Span mine = partsSpan(a / mask * mask, mask);
+      const Span theirs = partsSpan(partner / mask * mask, mask);
+      Step get;
+      get.kind = StepKind::Recv;
+      get.dst = Buffer::Output;
+      addExchange(plan, fold.rankOf(partner), mine, Buffer::Output, fold.rankOf(partner), theirs,
+                  get, chunk, /*settledOut=*/true);
+    }
+  }
+  if (fold.takesOver(r)) {
+    addExchange(plan, r - 1, whole, Buffer::Output, r - 1, {0, 0}, Step{}, chunk,
+                /*settledOut=*/true);
+  } else if (fold.handsOn(r)) {
+    Step get;
+    get.kind = StepKind::Recv;
+    get.dst = Buffer::Output;
+    addExchange(plan, r + 1, {0, 0}, Buffer::Output, r + 1, whole, get, chunk);
+  }
+  return plan;
+}
+
+}  // namespace braid::algo
