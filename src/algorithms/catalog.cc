@@ -1,0 +1,132 @@
+#include "algorithms/catalog.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "algorithms/ring.h"
+
+namespace braid::algo {
+namespace {
+
+constexpr std::pair<const char*, Collective> kCollectives[] = {
+    {"allreduce", Collective::AllReduce},
+    {"broadcast", Collective::Broadcast},
+    {"reduce", Collective::Reduce},
+    {"allgather", Collective::AllGather},
+    {"reducescatter", Collective::ReduceScatter},
+    {"send", Collective::Send},
+    {"recv", Collective::Recv},
+};
+
+constexpr std::pair<const char*, Algorithm> kAlgorithms[] = {
+    {"ring", Algorithm::Ring},
+    {"oneshot", Algorithm::OneShot},
+    {"recdoubling", Algorithm::RecursiveDoubling},
+    {"rabenseifner", Algorithm::Rabenseifner},
+    {"tree", Algorithm::Tree},
+    {"chain", Algorithm::Chain},
+    {"binomial", Algorithm::Binomial},
+    {"bruck", Algorithm::Bruck},
+    {"rechalving", Algorithm::RecursiveHalving},
+    {"direct", Algorithm::Direct},
+};
+
+}  // namespace
+
+const char* collectiveName(Collective collective) {
+  for (const auto& [name, c] : kCollectives)
+    if (c == collective) return name;
+  return "invalid";
+}
+
+bool parseCollective(const std::string& name, Collective* collective) {
+  for (const auto& [known, c] : kCollectives)
+    if (name == known) {
+      *collective = c;
+      return true;
+    }
+  return false;
+}
+
+const char* algorithmName(Algorithm algorithm) {
+  for (const auto& [name, a] : kAlgorithms)
+    if (a == algorithm) return name;
+  return "invalid";
+}
+
+bool parseAlgorithm(const std::string& name, Algorithm* algorithm) {
+  for (const auto& [known, a] : kAlgorithms)
+    if (name == known) {
+      *algorithm = a;
+      return true;
+    }
+  return false;
+}
+
+const std::vector<Algorithm>& algorithmsFor(Collective collective) {
+  static const std::vector<Algorithm> kAllReduce = {
+      Algorithm::Ring, Algorithm::Tree, Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
+      Algorithm::OneShot};
+  static const std::vector<Algorithm> kRooted = {Algorithm::Chain, Algorithm::Binomial};
+  static const std::vector<Algorithm> kAllGather = {Algorithm::Ring, Algorithm::Bruck};
+  static const std::vector<Algorithm> kReduceScatter = {Algorithm::Ring,
+                                                        Algorithm::RecursiveHalving};
+  static const std::vector<Algorithm> kPointToPoint = {Algorithm::Direct};
+  switch (collective) {
+    case Collective::AllReduce:
+      return kAllReduce;
+    case Collective::Broadcast:
+    case Collective::Reduce:
+      return kRooted;
+    case Collective::AllGather:
+      return kAllGather;
+    case Collective::ReduceScatter:
+      return kReduceScatter;
+    case Collective::Send:
+    case Collective::Recv:
+      break;
+  }
+  return kPointToPoint;
+}
+
+bool applies(Collective collective, Algorithm algorithm, const Shape& shape) {
+  const auto& known = algorithmsFor(collective);
+  if (std::find(known.begin(), known.end(), algorithm) == known.end()) return false;
+  if (algorithm == Algorithm::OneShot) return shape.count * shape.elemSize <= kScratchBytes;
+  if (algorithm == Algorithm::RecursiveHalving) return isPowerOfTwo(shape.nranks);
+  return true;
+}
+
+Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
+  switch (collective) {
+    case Collective::AllReduce:
+      switch (algorithm) {
+        case Algorithm::OneShot:
+          return shape.nranks > 1 ? oneShotAllReduce(shape) : ringAllReduce(shape);
+        case Algorithm::RecursiveDoubling:
+          return recursiveDoublingAllReduce(shape);
+        case Algorithm::Rabenseifner:
+          return rabenseifnerAllReduce(shape);
+        case Algorithm::Tree:
+          return treeAllReduce(shape);
+        default:
+          return ringAllReduce(shape);
+      }
+    case Collective::Broadcast:
+      return algorithm == Algorithm::Binomial ? binomialBroadcast(shape) : chainBroadcast(shape);
+    case Collective::Reduce:
+      return algorithm == Algorithm::Binomial ? binomialReduce(shape) : chainReduce(shape);
+    case Collective::AllGather:
+      return algorithm == Algorithm::Bruck ? bruckAllGather(shape) : ringAllGather(shape);
+    case Collective::ReduceScatter:
+      return algorithm == Algorithm::RecursiveHalving ? recursiveHalvingReduceScatter(shape)
+                                                      : ringReduceScatter(shape);
+    case Collective::Send:
+      return sendTo(shape);
+    case Collective::Recv:
+      return recvFrom(shape);
+  }
+  return Plan{};
+}
+
+}  // namespace braid::algo

@@ -1,0 +1,49 @@
+// The plan simulator: runs every rank's plan of a collective in one process,
+// with no transport, and checks it.
+//
+// Each rank gets integer inputs; messages travel through unbounded queues
+// per ordered pair of ranks. The run fails if a receive finds a message of
+// another size, if ranks stop with steps left (a deadlock) or messages
+// unread, or if any rank's output is not the collective's result (sum,
+// computed independently). Alongside, an alpha-beta model estimates the
+// time: a message of b bytes leaves when its sender gets to it and its link
+// is free, occupies the link b / bandwidth, and arrives latency later; a
+// rank's clock moves to each arrival it waits for.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "algorithms/catalog.h"
+
+namespace braid::algo {
+
+struct LinkModel {
+  double latency = 5e-6;       // seconds per message (alpha)
+  double bandwidth = 10e9;     // bytes per second of each link (1 / beta)
+  double reduceBandwidth = 0;  // bytes per second of a local reduction; 0: free
+};
+
+struct SimOptions {
+  LinkModel link;
+  size_t elemSize = 4;    // for the time estimate (the data check uses int64)
+  bool checkData = true;  // false: sizes and time only, for large buffers
+  size_t chunkBytes = size_t{1} << 20;
+  size_t alignBytes = 64;
+};
+
+struct SimResult {
+  std::string problem;    // "" when every check passed
+  double seconds = 0;     // when the last rank finished
+  uint64_t messages = 0;  // sent by all ranks together
+  uint64_t bytes = 0;     // sent by all ranks together
+};
+
+// Simulates `collective` run by `algorithm` on `nranks` ranks over `count`
+// elements (per rank for all-gather and reduce-scatter), `root` for
+// broadcast and reduce. REQUIRES: applies(collective, algorithm, shape).
+SimResult simulate(Collective collective, Algorithm algorithm, int nranks, size_t count, int root,
+                   const SimOptions& options);
+
+}  // namespace braid::algo
