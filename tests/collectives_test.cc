@@ -215,6 +215,43 @@ TEST(ReduceScatter, MatchesReferenceAt2And5And8Ranks) {
         {1, 7, 1023, kLargeCount / 8});
 }
 
+// For the rest of a test: BRAID_ALGO set to `algorithms`.
+class ForcedAlgorithm {
+ public:
+  explicit ForcedAlgorithm(const char* algorithms) { ::setenv("BRAID_ALGO", algorithms, 1); }
+  ~ForcedAlgorithm() { ::unsetenv("BRAID_ALGO"); }
+};
+
+// Every planner forced through BRAID_ALGO on real ranks. (Where one does not
+// apply, e.g. recursive halving at 3 ranks, braid falls back to its default
+// and the results must still be right.)
+TEST(Algorithms, EveryAllReduceAlgorithmMatchesTheReference) {
+  for (const char* algorithm :
+       {"allreduce:tree", "allreduce:rabenseifner", "allreduce:recdoubling", "allreduce:oneshot"}) {
+    ForcedAlgorithm forced(algorithm);
+    for (int n : {2, 3, 5, 8})
+      sweep(n, Coll::AllReduce, {DataType::Int32, DataType::Float32, DataType::BFloat16},
+            {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}, {1, 7, 1023, 70001});
+  }
+}
+TEST(Algorithms, BinomialBroadcastAndReduceMatchTheReference) {
+  ForcedAlgorithm forced("binomial");
+  for (int n : {2, 3, 5, 8}) {
+    sweep(n, Coll::Broadcast, {DataType::Uint8, DataType::Float64}, {}, {1, 1023, kLargeCount},
+          {0, n - 1});
+    sweep(n, Coll::Reduce, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum, ReduceOp::Min},
+          {1, 1023, 70001}, {0, n - 1});
+  }
+}
+TEST(Algorithms, BruckAllGatherAndRecursiveHalvingReduceScatterMatchTheReference) {
+  ForcedAlgorithm forced("allgather:bruck,reducescatter:rechalving");
+  for (int n : {2, 3, 5, 8}) {
+    sweep(n, Coll::AllGather, {DataType::Int8, DataType::Float32}, {}, {1, 7, 1023, 70001});
+    sweep(n, Coll::ReduceScatter, {DataType::Int32, DataType::Float32},
+          {ReduceOp::Sum, ReduceOp::Avg}, {1, 7, 1023, 70001});
+  }
+}
+
 // The same collectives with buffers from memAlloc: same-host peers read
 // them in place (each piece of 64 bytes or more), in place and out of place.
 TEST(MemAllocBuffers, AllReduceAt2And3And5And8Ranks) {

@@ -232,6 +232,38 @@ TEST(LatencyPath, SmallAllReducesAllocateNothingOnceWarm) {
   });
 }
 
+// BRAID_ALGO picks the plan; where its choice does not apply braid falls
+// back to its own; a list braid cannot honour is refused naming the knob.
+TEST(BraidAlgo, ForcesTheAlgorithmFallsBackWhereItCannotApplyAndRejectsBadLists) {
+  ::setenv("BRAID_ALGO", "allreduce:tree, reducescatter:rechalving ,broadcast:binomial", 1);
+  runRanks(3, [](Communicator& comm) {
+    std::vector<float> in(3000, 1.0f), out(3000);
+    comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+    require(detail::lastAlgorithm(comm) == "tree", "all-reduce ran " + detail::lastAlgorithm(comm));
+    require(out[2999] == 3.0f, "wrong sum");
+    comm.broadcast(in.data(), out.data(), in.size(), DataType::Float32, 0);
+    require(detail::lastAlgorithm(comm) == "binomial",
+            "broadcast ran " + detail::lastAlgorithm(comm));
+    comm.reduceScatter(in.data(), out.data(), 1000, DataType::Float32, ReduceOp::Sum);
+    require(detail::lastAlgorithm(comm) == "ring",  // recursive halving needs 2^k ranks
+            "reduce-scatter at 3 ranks ran " + detail::lastAlgorithm(comm));
+    comm.allGather(in.data(), out.data(), 1000, DataType::Float32);
+    require(detail::lastAlgorithm(comm) == "ring", "all-gather ran " + detail::lastAlgorithm(comm));
+  });
+  for (const char* bad : {"fastest", "broadcast:ring", "everything:tree", "direct"}) {
+    ::setenv("BRAID_ALGO", bad, 1);
+    try {
+      Communicator::init(1, 0, Communicator::newUniqueId(RunOptions::loopbackConfig()),
+                         RunOptions::loopbackConfig());
+      ADD_FAILURE() << "BRAID_ALGO=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::InvalidArgument) << error.what();
+      EXPECT_NE(std::string(error.what()).find("BRAID_ALGO"), std::string::npos) << error.what();
+    }
+  }
+  ::unsetenv("BRAID_ALGO");
+}
+
 TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {
   runRanks(3, [](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();

@@ -55,7 +55,7 @@ int usableCores() {
 // ranks that read different values would build plans that do not match.
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
-    uint64_t slotBytes, slots, chunkBytes, oneShotBytes;
+    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -65,6 +65,10 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.slots = static_cast<uint64_t>(knobs.slots);
   mine.chunkBytes = knobs.chunkBytes;
   mine.oneShotBytes = knobs.oneShotBytes;
+  // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
+  const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
+  mine.algo = 0xcbf29ce484222325ull;
+  for (char c : algo) mine.algo = (mine.algo ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
   std::snprintf(mine.transports, sizeof(mine.transports), "%s", knobs.transports.c_str());
   bootstrap.allGather(all.data(), sizeof(Shared), deadline);
   for (int r = 0; r < bootstrap.size(); ++r) {
@@ -84,6 +88,8 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));
+    if (theirs.algo != mine.algo)
+      differ("BRAID_ALGO", format("'%s'", knobs.algo.c_str()), "another list");
     if (std::strncmp(theirs.transports, mine.transports, sizeof(mine.transports)) != 0)
       differ("BRAID_TRANSPORT (Config::transports)", format("'%s'", mine.transports),
              format("'%.47s'", theirs.transports));
@@ -717,6 +723,10 @@ std::vector<std::string> peerTransports(const Communicator& comm) {
 }
 
 std::vector<std::string> builtTransports() { return transport::builtTransports(); }
+
+std::string lastAlgorithm(const Communicator& comm) {
+  return comm.impl() ? algo::algorithmName(comm.impl()->plans.lastAlgorithm()) : "";
+}
 
 uint64_t piecesSentByReference(const Communicator& comm) {
   return comm.impl() ? comm.impl()->executor->piecesSentByReference() : 0;

@@ -77,7 +77,7 @@ struct Communicator::Impl {
   std::unique_ptr<bootstrap::Bootstrap> bootstrap;
   transport::Wiring wiring;
   std::unique_ptr<exec::Executor> executor;
-  PlanCache plans{knobs.oneShotBytes};
+  PlanCache plans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
   // Per DataType: this communicator's plan shape, all but the count.
   std::array<algo::Shape, kNumDataTypes> shapes;
 

@@ -20,4 +20,7 @@ std::vector<std::string> builtTransports();
 // (read in place by the peer) rather than as copies.
 uint64_t piecesSentByReference(const Communicator& comm);
 
+// The algorithm of this rank's most recent operation ("ring", "tree", ...).
+std::string lastAlgorithm(const Communicator& comm);
+
 }  // namespace braid::detail

@@ -8,6 +8,7 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "tuning/algo_choice.h"
 
 namespace braid {
 
@@ -26,6 +27,10 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
       {"BRAID_ONESHOT_BYTES", "bytes", "4K",
        "all-reduces of at most this size send every input to every rank (one hop; max 64K)",
+       nullptr},
+      {"BRAID_ALGO", "list", "",
+       "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "
+       "empty lets braid choose",
        nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
@@ -160,6 +165,8 @@ Knobs Knobs::resolve(const Config& config) {
   knobs.oneShotBytes = parseBytes(lookup(knob("BRAID_ONESHOT_BYTES")).first, "BRAID_ONESHOT_BYTES");
   if (knobs.oneShotBytes > 64 * 1024)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ONESHOT_BYTES must be at most 64K");
+  knobs.algo = lookup(knob("BRAID_ALGO")).first;
+  tuning::AlgoPreference::parse(knobs.algo);  // rejects a bad list here, naming the knob
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

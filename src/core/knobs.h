@@ -40,6 +40,7 @@ struct Knobs {
   int slots;                 // slots per FIFO
   size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
   size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
+  std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

@@ -4,42 +4,23 @@ namespace braid {
 
 const std::shared_ptr<const algo::Plan>& PlanCache::get(Collective collective,
                                                         const algo::Shape& shape) {
-  Key key{collective,       shape.root,       shape.peer,    shape.count,
-          shape.chunkElems, shape.alignElems, shape.elemSize};
-  if (last_ && key == lastKey_) return last_;
+  // The last plan's key is checked before any choice is made: a loop that
+  // repeats one op costs a comparison.
+  if (last_ && collective == lastKey_.collective && shape.root == lastKey_.root &&
+      shape.peer == lastKey_.peer && shape.count == lastKey_.count &&
+      shape.chunkElems == lastKey_.chunkElems && shape.alignElems == lastKey_.alignElems &&
+      shape.elemSize == lastKey_.elemSize)
+    return last_;
+  const algo::Algorithm algorithm = tuning::choose(collective, shape, preference_, oneShotBytes_);
+  Key key{collective,  algorithm,        shape.root,       shape.peer,
+          shape.count, shape.chunkElems, shape.alignElems, shape.elemSize};
   auto found = plans_.find(key);
   if (found != plans_.end()) {
     lastKey_ = key;
     return last_ = found->second;
   }
-  algo::Plan plan;
-  switch (collective) {
-    case Collective::AllReduce:
-      plan = shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes_
-                 ? algo::oneShotAllReduce(shape)
-                 : algo::ringAllReduce(shape);
-      break;
-    case Collective::Broadcast:
-      plan = algo::chainBroadcast(shape);
-      break;
-    case Collective::Reduce:
-      plan = algo::chainReduce(shape);
-      break;
-    case Collective::AllGather:
-      plan = algo::ringAllGather(shape);
-      break;
-    case Collective::ReduceScatter:
-      plan = algo::ringReduceScatter(shape);
-      break;
-    case Collective::Send:
-      plan = algo::sendTo(shape);
-      break;
-    case Collective::Recv:
-      plan = algo::recvFrom(shape);
-      break;
-  }
   if (plans_.size() >= kMaxEntries) plans_.clear();
-  auto shared = std::make_shared<const algo::Plan>(std::move(plan));
+  auto shared = std::make_shared<const algo::Plan>(algo::makePlan(collective, algorithm, shape));
   plans_.emplace(key, shared);
   lastKey_ = key;
   return last_ = shared;

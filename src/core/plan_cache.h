@@ -5,20 +5,14 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 
-#include "algorithms/plan.h"
+#include "algorithms/catalog.h"
+#include "tuning/algo_choice.h"
 
 namespace braid {
 
-enum class Collective : uint8_t {
-  AllReduce,
-  Broadcast,
-  Reduce,
-  AllGather,
-  ReduceScatter,
-  Send,
-  Recv
-};
+using Collective = algo::Collective;
 
 class PlanCache {
  public:
@@ -28,15 +22,18 @@ class PlanCache {
   // The reference stays valid until the next get().
   const std::shared_ptr<const algo::Plan>& get(Collective collective, const algo::Shape& shape);
 
-  // The plan the last get() returned.
+  // The plan the last get() returned, and its algorithm.
   const std::shared_ptr<const algo::Plan>& last() const { return last_; }
+  algo::Algorithm lastAlgorithm() const { return lastKey_.algorithm; }
 
-  // All-reduces of at most this many bytes use the one-shot plan.
-  explicit PlanCache(size_t oneShotBytes) : oneShotBytes_(oneShotBytes) {}
+  // Algorithms as tuning::choose() picks them with these settings.
+  PlanCache(size_t oneShotBytes, tuning::AlgoPreference preference)
+      : oneShotBytes_(oneShotBytes), preference_(std::move(preference)) {}
 
  private:
   struct Key {
     Collective collective;
+    algo::Algorithm algorithm;
     int root;
     int peer;
     size_t count;
@@ -44,14 +41,15 @@ class PlanCache {
     size_t alignElems;
     size_t elemSize;
     bool operator==(const Key& other) const {
-      return collective == other.collective && root == other.root && peer == other.peer &&
-             count == other.count && chunkElems == other.chunkElems &&
+      return collective == other.collective && algorithm == other.algorithm && root == other.root &&
+             peer == other.peer && count == other.count && chunkElems == other.chunkElems &&
              alignElems == other.alignElems && elemSize == other.elemSize;
     }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      uint64_t h = static_cast<uint64_t>(k.collective) * 0x9E3779B97F4A7C15ull;
+      uint64_t h = (static_cast<uint64_t>(k.collective) * 16 + static_cast<uint64_t>(k.algorithm)) *
+                   0x9E3779B97F4A7C15ull;
       for (uint64_t v : {static_cast<uint64_t>(k.root), static_cast<uint64_t>(k.peer),
                          static_cast<uint64_t>(k.count), static_cast<uint64_t>(k.chunkElems),
                          static_cast<uint64_t>(k.alignElems), static_cast<uint64_t>(k.elemSize)})
@@ -61,6 +59,7 @@ class PlanCache {
   };
   static constexpr size_t kMaxEntries = 512;
   size_t oneShotBytes_;
+  tuning::AlgoPreference preference_;
   std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
   // The last plan handed out: loops that repeat one op skip the hash map.
   Key lastKey_{};

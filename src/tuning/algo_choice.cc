@@ -1,0 +1,128 @@
+#include "tuning/algo_choice.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#include "braid/error.h"
+#include "core/errors.h"
+
+namespace braid::tuning {
+namespace {
+
+using algo::Algorithm;
+using algo::Collective;
+
+constexpr Collective kCollectives[] = {Collective::AllReduce, Collective::Broadcast,
+                                       Collective::Reduce, Collective::AllGather,
+                                       Collective::ReduceScatter};
+
+[[noreturn]] void reject(const std::string& why) {
+  throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ALGO: " + why);
+}
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+bool has(Collective collective, Algorithm algorithm) {
+  const auto& known = algo::algorithmsFor(collective);
+  return std::find(known.begin(), known.end(), algorithm) != known.end();
+}
+
+std::string namesFor(Collective collective) {
+  std::string names;
+  for (Algorithm a : algo::algorithmsFor(collective))
+    names += (names.empty() ? "" : ", ") + std::string(algo::algorithmName(a));
+  return names;
+}
+
+}  // namespace
+
+AlgoPreference AlgoPreference::parse(const std::string& text) {
+  AlgoPreference preference;
+  std::array<bool, 7> prefixed{};
+  std::vector<Algorithm> general;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    item = lower(item);
+    const size_t colon = item.find(':');
+    Algorithm algorithm;
+    const std::string name = colon == std::string::npos ? item : item.substr(colon + 1);
+    if (!algo::parseAlgorithm(name, &algorithm))
+      reject(
+          format("'%s' is not an algorithm (ring, oneshot, recdoubling, rabenseifner, tree, "
+                 "chain, binomial, bruck, rechalving)",
+                 name.c_str()));
+    if (colon == std::string::npos) {
+      bool any = false;
+      for (Collective c : kCollectives) any |= has(c, algorithm);
+      if (!any) reject(format("no collective has the algorithm '%s'", name.c_str()));
+      general.push_back(algorithm);
+      continue;
+    }
+    Collective collective;
+    const std::string which = item.substr(0, colon);
+    if (!algo::parseCollective(which, &collective) || collective == Collective::Send ||
+        collective == Collective::Recv)
+      reject(
+          format("'%s' is not a collective (allreduce, broadcast, reduce, allgather, "
+                 "reducescatter)",
+                 which.c_str()));
+    if (!has(collective, algorithm))
+      reject(format("%s has no algorithm '%s' (it has %s)", which.c_str(), name.c_str(),
+                    namesFor(collective).c_str()));
+    auto& list = preference.allowed_[static_cast<size_t>(collective)];
+    prefixed[static_cast<size_t>(collective)] = true;
+    if (std::find(list.begin(), list.end(), algorithm) == list.end()) list.push_back(algorithm);
+  }
+  for (Collective c : kCollectives) {
+    auto& list = preference.allowed_[static_cast<size_t>(c)];
+    if (prefixed[static_cast<size_t>(c)]) continue;
+    for (Algorithm a : general)
+      if (has(c, a) && std::find(list.begin(), list.end(), a) == list.end()) list.push_back(a);
+  }
+  return preference;
+}
+
+std::string AlgoPreference::describe() const {
+  std::string text;
+  for (Collective c : kCollectives) {
+    const auto& list = allowed(c);
+    if (list.empty()) continue;
+    text += (text.empty() ? "" : " ") + std::string(algo::collectiveName(c)) + ":";
+    for (size_t i = 0; i < list.size(); ++i)
+      text += (i ? "," : "") + std::string(algo::algorithmName(list[i]));
+  }
+  return text;
+}
+
+Algorithm choose(Collective collective, const algo::Shape& shape, const AlgoPreference& preference,
+                 size_t oneShotBytes) {
+  for (Algorithm a : preference.allowed(collective))
+    if (algo::applies(collective, a, shape)) return a;
+  switch (collective) {
+    case Collective::AllReduce:
+      return shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes &&
+                     algo::applies(collective, Algorithm::OneShot, shape)
+                 ? Algorithm::OneShot
+                 : Algorithm::Ring;
+    case Collective::Broadcast:
+    case Collective::Reduce:
+      return Algorithm::Chain;
+    case Collective::AllGather:
+    case Collective::ReduceScatter:
+      return Algorithm::Ring;
+    case Collective::Send:
+    case Collective::Recv:
+      break;
+  }
+  return Algorithm::Direct;
+}
+
+}  // namespace braid::tuning

@@ -1,0 +1,44 @@
+// Which algorithm runs a call: BRAID_ALGO's preference, else the default
+// choice by size.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "algorithms/catalog.h"
+
+namespace braid::tuning {
+
+// BRAID_ALGO, parsed. The text is a comma-separated list of algorithm
+// names, each optionally prefixed by a collective ("allreduce:tree"). For a
+// collective named in some prefix, its prefixed entries are its allowed
+// algorithms; for any other, the unprefixed entries that it has. An empty
+// list leaves the choice to braid.
+class AlgoPreference {
+ public:
+  AlgoPreference() = default;
+  // Throws Error(InvalidArgument) naming BRAID_ALGO for an unknown name, an
+  // algorithm the named collective does not have, or an unprefixed name no
+  // collective has.
+  static AlgoPreference parse(const std::string& text);
+
+  const std::vector<algo::Algorithm>& allowed(algo::Collective collective) const {
+    return allowed_[static_cast<size_t>(collective)];
+  }
+  // A canonical text, e.g. "allreduce:tree,ring broadcast:binomial" ("" when empty).
+  std::string describe() const;
+
+ private:
+  std::array<std::vector<algo::Algorithm>, 7> allowed_;
+};
+
+// The algorithm for one call: the first allowed one that applies at this
+// shape, else braid's default (one-shot for all-reduces of at most
+// `oneShotBytes` on more than one rank, ring for the other all-reduces,
+// all-gathers and reduce-scatters, chain for broadcast and reduce).
+algo::Algorithm choose(algo::Collective collective, const algo::Shape& shape,
+                       const AlgoPreference& preference, size_t oneShotBytes);
+
+}  // namespace braid::tuning
