@@ -34,6 +34,15 @@ check "braid-run reports a rank killed by a signal" 137 \
 check "braid-run rejects a missing -n" 2 "$bin/braid-run" true
 check "braid-perf -a runs every collective at 4 ranks" 0 "$bin/braid-run" -n 4 "$bin/braid-perf" -a -b 8 -e 256K -f 64 -n 2 -w 1
 check "braid-perf rejects an unknown collective" 2 "$bin/braid-perf" alltoallv
+check "braid-perf -R 1 (memAlloc buffers) at 3 ranks" 0 \
+  "$bin/braid-run" -n 3 "$bin/braid-perf" allgather -b 1K -e 4M -f 16 -n 2 -w 1 -R 1
+for c in allreduce broadcast reduce allgather reducescatter; do
+  check "braid-sim $c at 100 ranks, every algorithm, checked" 0 \
+    "$bin/braid-sim" "$c" --ranks 100 -b 8 -e 1M -f 64 --check
+done
+check "braid-sim 1024 ranks, ring and tree" 0 "$bin/braid-sim" allreduce --ranks 1024 --algo ring,tree -e 64M
+check "braid-sim rejects an algorithm the collective lacks" 2 "$bin/braid-sim" broadcast --ranks 4 --algo ring
+check "braid-sim rejects a bad rate" 2 "$bin/braid-sim" allreduce --ranks 4 --bw fast
 check "braid-info --config" 0 "$bin/braid-info" --config
 check "braid-info --peers at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-info" --peers
 
