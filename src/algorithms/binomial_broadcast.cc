@@ -16,12 +16,9 @@ Plan binomialBroadcast(const Shape& shape) {
   const int r = shape.rank;
   Plan plan;
   if (shape.count == 0) return plan;
-  const int v = ringIndex(r - shape.root, n);
-  const int low = v == 0 ? powerOfTwoBelow(n) * 2 : (v & -v);  // children: v + 2^k, 2^k < low
-  std::vector<int> children;
-  for (int k = low / 2; k >= 1; k /= 2)
-    if (v + k < n) children.push_back(ringIndex(v + k + shape.root, n));
-  const int parent = v == 0 ? -1 : ringIndex(v - low + shape.root, n);
+  const BinomialNode node(n, r, shape.root);
+  const int parent = node.parent;
+  const std::vector<int> children(node.children.rbegin(), node.children.rend());  // largest first
   for (size_t base = 0; n > 1 && base < shape.count; base += shape.chunkElems) {
     Step step;
     step.srcOffset = step.dstOffset = base;
@@ -49,7 +46,7 @@ Plan binomialBroadcast(const Shape& shape) {
       addStep(plan, step);
     }
   }
-  if (v == 0) addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/false));
+  if (parent < 0) addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/false));
   return plan;
 }
 

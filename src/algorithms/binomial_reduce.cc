@@ -16,12 +16,9 @@ Plan binomialReduce(const Shape& shape) {
   const int r = shape.rank;
   Plan plan;
   if (shape.count == 0) return plan;
-  const int v = ringIndex(r - shape.root, n);
-  const int low = v == 0 ? powerOfTwoBelow(n) * 2 : (v & -v);
-  std::vector<int> children;
-  for (int k = 1; k < low; k *= 2)
-    if (v + k < n) children.push_back(ringIndex(v + k + shape.root, n));
-  const int parent = v == 0 ? -1 : ringIndex(v - low + shape.root, n);
+  const BinomialNode node(n, r, shape.root);
+  const int parent = node.parent;
+  const std::vector<int>& children = node.children;  // smallest subtree first
   const bool root = parent < 0;
   const size_t scratchElems = std::max(
       shape.alignElems, kScratchBytes / shape.elemSize / shape.alignElems * shape.alignElems);

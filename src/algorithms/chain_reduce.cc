@@ -13,11 +13,7 @@ Plan chainReduce(const Shape& shape) {
   const int n = shape.nranks;
   const int r = shape.rank;
   Plan plan;
-  if (shape.count == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, shape.count, plan)) return plan;
   const int position = ringIndex(r - shape.root - 1, n);
   const int next = ringIndex(r + 1, n);
   const int prev = ringIndex(r - 1, n);

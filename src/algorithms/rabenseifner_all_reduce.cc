@@ -19,11 +19,7 @@ Plan rabenseifnerAllReduce(const Shape& shape) {
   const int n = shape.nranks;
   const int r = shape.rank;
   Plan plan;
-  if (shape.count == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, shape.count, plan)) return plan;
   const Fold fold(n);
   const int a = fold.active(r);
   const size_t chunk = shape.chunkElems;
@@ -34,17 +30,7 @@ Plan rabenseifnerAllReduce(const Shape& shape) {
   };
   const Span whole{0, shape.count};
 
-  Buffer current = Buffer::Input;
-  if (fold.handsOn(r)) {
-    addExchange(plan, r + 1, whole, Buffer::Input, r + 1, {0, 0}, Step{}, chunk);
-  } else if (fold.takesOver(r)) {
-    Step add;
-    add.kind = StepKind::RecvReduceCopy;
-    add.src = Buffer::Input;
-    add.dst = Buffer::Output;
-    addExchange(plan, r - 1, {0, 0}, Buffer::Input, r - 1, whole, add, chunk);
-    current = Buffer::Output;
-  }
+  Buffer current = addFoldIn(plan, fold, r, whole, chunk);
   if (a >= 0) {
     // Halving: [lo, lo + size) is the range of parts this rank still holds.
     int lo = 0, size = fold.p;
@@ -75,15 +61,7 @@ Plan rabenseifnerAllReduce(const Shape& shape) {
                   get, chunk, /*settledOut=*/true);
     }
   }
-  if (fold.takesOver(r)) {
-    addExchange(plan, r - 1, whole, Buffer::Output, r - 1, {0, 0}, Step{}, chunk,
-                /*settledOut=*/true);
-  } else if (fold.handsOn(r)) {
-    Step get;
-    get.kind = StepKind::Recv;
-    get.dst = Buffer::Output;
-    addExchange(plan, r + 1, {0, 0}, Buffer::Output, r + 1, whole, get, chunk);
-  }
+  addFoldOut(plan, fold, r, whole, chunk);
   return plan;
 }
 

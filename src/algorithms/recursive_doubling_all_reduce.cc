@@ -17,26 +17,13 @@ Plan recursiveDoublingAllReduce(const Shape& shape) {
   const int n = shape.nranks;
   const int r = shape.rank;
   Plan plan;
-  if (shape.count == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, shape.count, plan)) return plan;
   const Fold fold(n);
   const int a = fold.active(r);
   for (size_t base = 0; base < shape.count; base += shape.chunkElems) {
     const Span whole{base, std::min(shape.chunkElems, shape.count - base)};
-    Buffer current = Buffer::Input;  // where this rank's partial result is
-    if (fold.handsOn(r)) {
-      addExchange(plan, r + 1, whole, Buffer::Input, r + 1, {0, 0}, Step{}, whole.count);
-    } else if (fold.takesOver(r)) {
-      Step add;
-      add.kind = StepKind::RecvReduceCopy;
-      add.src = Buffer::Input;
-      add.dst = Buffer::Output;
-      addExchange(plan, r - 1, {0, 0}, Buffer::Input, r - 1, whole, add, whole.count);
-      current = Buffer::Output;
-    }
+    // Where this rank's partial result is.
+    Buffer current = addFoldIn(plan, fold, r, whole, whole.count);
     if (a >= 0) {
       for (int mask = 1; mask < fold.p; mask <<= 1) {
         Step add;
@@ -49,15 +36,7 @@ Plan recursiveDoublingAllReduce(const Shape& shape) {
         current = Buffer::Output;
       }
     }
-    if (fold.takesOver(r)) {
-      addExchange(plan, r - 1, whole, Buffer::Output, r - 1, {0, 0}, Step{}, whole.count,
-                  /*settledOut=*/true);
-    } else if (fold.handsOn(r)) {
-      Step get;
-      get.kind = StepKind::Recv;
-      get.dst = Buffer::Output;
-      addExchange(plan, r + 1, {0, 0}, Buffer::Output, r + 1, whole, get, whole.count);
-    }
+    addFoldOut(plan, fold, r, whole, whole.count);
   }
   return plan;
 }

@@ -16,11 +16,7 @@ Plan recursiveHalvingReduceScatter(const Shape& shape) {
   const int r = shape.rank;
   const size_t block = shape.count;
   Plan plan;
-  if (block == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, block, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, block, plan)) return plan;
   plan.scratchBytes = static_cast<size_t>(n) * block * shape.elemSize;
   auto blocks = [&](int first, int count) {
     return Span{static_cast<size_t>(first) * block, static_cast<size_t>(count) * block};

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 #include "algorithms/plan.h"
 
@@ -54,6 +55,22 @@ struct Fold {
   bool takesOver(int r) const { return r < 2 * e && r % 2 == 1; }  // 2i+1
 };
 
+// A rank's place in the binomial tree of n ranks rooted at `root`: in ranks
+// relative to the root, v's parent is v - lowbit(v) and its children are
+// v + 2^k for every 2^k below lowbit(v) (for the root: below n), here
+// smallest subtree first.
+struct BinomialNode {
+  int parent = -1;  // -1 at the root
+  std::vector<int> children;
+  BinomialNode(int n, int r, int root) {
+    const int v = ringIndex(r - root, n);
+    const int low = v == 0 ? powerOfTwoBelow(n) * 2 : (v & -v);
+    for (int k = 1; k < low; k *= 2)
+      if (v + k < n) children.push_back(ringIndex(v + k + root, n));
+    if (v != 0) parent = ringIndex(v - low + root, n);
+  }
+};
+
 // An element range [begin, begin + count) of some buffer.
 struct Span {
   size_t begin;
@@ -91,6 +108,45 @@ inline void addExchange(Plan& plan, int sendPeer, const Span& out, Buffer from, 
       step.count = std::min(chunk, in.count - i * chunk);
       addStep(plan, step);
     }
+  }
+}
+
+inline Step localCopy(size_t srcOffset, size_t dstOffset, size_t count, bool finalize);
+
+// The whole plan of a reduction in the cases that need no algorithm:
+// nothing for an empty buffer, one finalizing copy on a single rank.
+// Returns true when `plan` is complete.
+inline bool trivialReduction(const Shape& shape, size_t count, Plan& plan) {
+  if (count > 0 && shape.nranks == 1) addStep(plan, localCopy(0, 0, count, /*finalize=*/true));
+  return count == 0 || shape.nranks == 1;
+}
+
+// Fold's first step for `whole`: 2i sends its input to 2i+1, which adds it
+// into its output. Returns where this rank's partial result now is.
+inline Buffer addFoldIn(Plan& plan, const Fold& fold, int r, const Span& whole, size_t chunk) {
+  if (fold.handsOn(r)) {
+    addExchange(plan, r + 1, whole, Buffer::Input, r + 1, {0, 0}, Step{}, chunk);
+  } else if (fold.takesOver(r)) {
+    Step add;
+    add.kind = StepKind::RecvReduceCopy;
+    add.src = Buffer::Input;
+    add.dst = Buffer::Output;
+    addExchange(plan, r - 1, {0, 0}, Buffer::Input, r - 1, whole, add, chunk);
+    return Buffer::Output;
+  }
+  return Buffer::Input;
+}
+
+// Fold's last step: 2i+1 hands the finished `whole` back to 2i.
+inline void addFoldOut(Plan& plan, const Fold& fold, int r, const Span& whole, size_t chunk) {
+  if (fold.takesOver(r)) {
+    addExchange(plan, r - 1, whole, Buffer::Output, r - 1, {0, 0}, Step{}, chunk,
+                /*settledOut=*/true);
+  } else if (fold.handsOn(r)) {
+    Step get;
+    get.kind = StepKind::Recv;
+    get.dst = Buffer::Output;
+    addExchange(plan, r + 1, {0, 0}, Buffer::Output, r + 1, whole, get, chunk);
   }
 }
 

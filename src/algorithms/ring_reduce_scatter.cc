@@ -14,11 +14,7 @@ Plan ringReduceScatter(const Shape& shape) {
   const int r = shape.rank;
   const size_t block = shape.count;
   Plan plan;
-  if (block == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, block, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, block, plan)) return plan;
   const int next = ringIndex(r + 1, n);
   const int prev = ringIndex(r - 1, n);
   for (size_t base = 0; base < block; base += shape.chunkElems) {

@@ -103,11 +103,7 @@ Plan treeAllReduce(const Shape& shape) {
   const int n = shape.nranks;
   const int r = shape.rank;
   Plan plan;
-  if (shape.count == 0) return plan;
-  if (n == 1) {
-    addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/true));
-    return plan;
-  }
+  if (trivialReduction(shape, shape.count, plan)) return plan;
   // Tree 0 carries the first half (chunk-aligned), tree 1 the rest.
   const RingRound halves(0, shape.count, 2, shape.alignElems);
   const Node nodes[2] = {nodeOf(0, n, r), nodeOf(1, n, r)};
