@@ -243,6 +243,12 @@ TEST(Algorithms, BinomialBroadcastAndReduceMatchTheReference) {
           {1, 1023, 70001}, {0, n - 1});
   }
 }
+TEST(Algorithms, ScatterAllGatherBroadcastMatchesTheReference) {
+  ForcedAlgorithm forced("broadcast:scatter");
+  for (int n : {2, 3, 5, 8})
+    sweep(n, Coll::Broadcast, {DataType::Uint8, DataType::Float32}, {}, {1, 7, 1023, kLargeCount},
+          {0, n - 1});
+}
 TEST(Algorithms, BruckAllGatherAndRecursiveHalvingReduceScatterMatchTheReference) {
   ForcedAlgorithm forced("allgather:bruck,reducescatter:rechalving");
   for (int n : {2, 3, 5, 8}) {

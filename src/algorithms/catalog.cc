@@ -26,6 +26,7 @@ constexpr std::pair<const char*, Algorithm> kAlgorithms[] = {
     {"tree", Algorithm::Tree},
     {"chain", Algorithm::Chain},
     {"binomial", Algorithm::Binomial},
+    {"scatter", Algorithm::ScatterAllGather},
     {"bruck", Algorithm::Bruck},
     {"rechalving", Algorithm::RecursiveHalving},
     {"direct", Algorithm::Direct},
@@ -67,7 +68,9 @@ const std::vector<Algorithm>& algorithmsFor(Collective collective) {
   static const std::vector<Algorithm> kAllReduce = {
       Algorithm::Ring, Algorithm::Tree, Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
       Algorithm::OneShot};
-  static const std::vector<Algorithm> kRooted = {Algorithm::Chain, Algorithm::Binomial};
+  static const std::vector<Algorithm> kBroadcast = {Algorithm::Chain, Algorithm::Binomial,
+                                                    Algorithm::ScatterAllGather};
+  static const std::vector<Algorithm> kReduce = {Algorithm::Chain, Algorithm::Binomial};
   static const std::vector<Algorithm> kAllGather = {Algorithm::Ring, Algorithm::Bruck};
   static const std::vector<Algorithm> kReduceScatter = {Algorithm::Ring,
                                                         Algorithm::RecursiveHalving};
@@ -76,8 +79,9 @@ const std::vector<Algorithm>& algorithmsFor(Collective collective) {
     case Collective::AllReduce:
       return kAllReduce;
     case Collective::Broadcast:
+      return kBroadcast;
     case Collective::Reduce:
-      return kRooted;
+      return kReduce;
     case Collective::AllGather:
       return kAllGather;
     case Collective::ReduceScatter:
@@ -113,7 +117,9 @@ Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
           return ringAllReduce(shape);
       }
     case Collective::Broadcast:
-      return algorithm == Algorithm::Binomial ? binomialBroadcast(shape) : chainBroadcast(shape);
+      return algorithm == Algorithm::Binomial           ? binomialBroadcast(shape)
+             : algorithm == Algorithm::ScatterAllGather ? scatterAllGatherBroadcast(shape)
+                                                        : chainBroadcast(shape);
     case Collective::Reduce:
       return algorithm == Algorithm::Binomial ? binomialReduce(shape) : chainReduce(shape);
     case Collective::AllGather:

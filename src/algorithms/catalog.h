@@ -29,17 +29,18 @@ enum class Algorithm : uint8_t {
   Tree,               // all-reduce (double binary tree)
   Chain,              // broadcast, reduce
   Binomial,           // broadcast, reduce
+  ScatterAllGather,   // broadcast
   Bruck,              // all-gather
   RecursiveHalving,   // reduce-scatter
   Direct,             // send, recv
 };
-inline constexpr int kNumAlgorithms = 10;
+inline constexpr int kNumAlgorithms = 11;
 
 // "allreduce", "broadcast", ... and back; false for an unknown name.
 const char* collectiveName(Collective collective);
 bool parseCollective(const std::string& name, Collective* collective);
 // "ring", "oneshot", "recdoubling", "rabenseifner", "tree", "chain",
-// "binomial", "bruck", "rechalving", "direct" and back.
+// "binomial", "scatter", "bruck", "rechalving", "direct" and back.
 const char* algorithmName(Algorithm algorithm);
 bool parseAlgorithm(const std::string& name, Algorithm* algorithm);
 

@@ -102,6 +102,10 @@ Plan treeAllReduce(const Shape& shape);
 Plan binomialBroadcast(const Shape& shape);
 Plan binomialReduce(const Shape& shape);
 
+// Scatter + all-gather broadcast: the root scatters n parts, the ring
+// all-gathers them. For large buffers.
+Plan scatterAllGatherBroadcast(const Shape& shape);
+
 // Bruck all-gather: ceil(log2 n) rounds at any rank count.
 Plan bruckAllGather(const Shape& shape);
 

@@ -57,7 +57,7 @@ AlgoPreference AlgoPreference::parse(const std::string& text) {
     if (!algo::parseAlgorithm(name, &algorithm))
       reject(
           format("'%s' is not an algorithm (ring, oneshot, recdoubling, rabenseifner, tree, "
-                 "chain, binomial, bruck, rechalving)",
+                 "chain, binomial, scatter, bruck, rechalving)",
                  name.c_str()));
     if (colon == std::string::npos) {
       bool any = false;
