@@ -30,6 +30,7 @@
 #include "braid/memory.h"
 #include "braid/types.h"
 #include "braid/version.h"
+#include "core/introspect.h"
 
 namespace braid::perf {
 
@@ -66,7 +67,8 @@ struct Measurement {
   double algbw = 0;  // GB/s, 1e9 bytes per second
   double busbw = 0;
   bool checked = false;
-  uint64_t wrong = 0;  // over all ranks; meaningful when checked
+  uint64_t wrong = 0;     // over all ranks; meaningful when checked
+  std::string algorithm;  // the one braid ran ("ring", "oneshot", ...)
 };
 
 struct Row {
@@ -208,6 +210,7 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
   std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
 
   Measurement m;
+  m.algorithm = detail::lastAlgorithm(comm_);
   m.timeUs = aggregateTime(elapsed.count() / options_.iters);
   double bytes = static_cast<double>(reportedBytes(collective_, count, type, nranks_));
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
@@ -292,8 +295,8 @@ std::string Runner::json(const std::vector<Row>& rows, uint64_t wrong, double av
          {std::make_pair("out_of_place", &r.outOfPlace), std::make_pair("in_place", &r.inPlace)}) {
       std::string wrongText = m->checked ? std::to_string(m->wrong) : "null";
       add(",\n     \"%s\": {\"time_us\": %.3f, \"algbw_gbps\": %.4f, "
-          "\"busbw_gbps\": %.4f, \"wrong\": %s}",
-          name, m->timeUs, m->algbw, m->busbw, wrongText.c_str());
+          "\"busbw_gbps\": %.4f, \"wrong\": %s, \"algorithm\": \"%s\"}",
+          name, m->timeUs, m->algbw, m->busbw, wrongText.c_str(), m->algorithm.c_str());
     }
     out += "}";
   }
