@@ -7,8 +7,9 @@
 # For each N in NRANKS it runs `braid-run -n N braid-perf COLL` once per
 # algorithm with BRAID_ALGO=COLL:ALGO and once with braid's choice, REPEAT
 # rounds interleaved (each size keeps its best), and writes OUTDIR/results.md:
-# per size, each algorithm's time, the fastest, braid's pick and how much
-# slower than the fastest it is. Every run checks its results.
+# per size, each algorithm's time ("n/a" where it does not apply and braid
+# ran its default), the fastest, braid's pick and how much slower than the
+# fastest it is. Every run checks its results.
 #
 # Settings (environment):
 #   BUILD      build folder (default: build, beside this folder)
@@ -87,6 +88,8 @@ for n in nranks.split():
             wrong += doc.get("out_of_bounds", 0)
             for row in doc["results"]:
                 m = row["out_of_place"]
+                if algo != "choice" and m.get("algorithm") != algo:
+                    continue  # it does not apply there: braid ran its default instead
                 key = (algo, row["size"])
                 if key not in best or m["time_us"] < best[key]:
                     best[key] = m["time_us"]
@@ -105,7 +108,8 @@ for n in nranks.split():
         algo, t = picked.get(s, ("?", float("nan")))
         ratio = t / known[fastest]
         worst = max(worst, ratio)
-        cells = [f"**{times[a]:.2f}**" if a == fastest else f"{times[a]:.2f}" for a in algos]
+        cells = ["n/a" if times[a] is None else
+                 f"**{times[a]:.2f}**" if a == fastest else f"{times[a]:.2f}" for a in algos]
         lines.append(f"| {human(s)} | " + " | ".join(cells) +
                      f" | {fastest} | {algo} | {t:.2f} | {ratio:.2f} |")
     lines.append(f"\nbraid's pick is at most {worst:.2f}× the fastest forced algorithm at {n} ranks"
