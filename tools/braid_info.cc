@@ -3,6 +3,8 @@
 //   braid-info            version, build features, transports, host, interfaces
 //   braid-info --config   every knob with its effective value and its source
 //   braid-info --peers    (under braid-run) the transport between every pair of ranks
+//   braid-info --tuning   the algorithm braid picks per collective and size, and the
+//                         time the cost model predicts for it
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -11,8 +13,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +28,8 @@
 #include "braid/version.h"
 #include "core/introspect.h"
 #include "core/knobs.h"
+#include "tuning/algo_choice.h"
+#include "tuning/cost_model.h"
 
 #if !defined(BRAID_HAVE_CUDA) || !defined(BRAID_HAVE_UCX) || !defined(BRAID_HAVE_IBVERBS)
 #error "braid-info needs BRAID_FEATURE_DEFINITIONS (BRAID_HAVE_CUDA, _UCX, _IBVERBS)"
@@ -32,11 +38,16 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: braid-info [--config | --peers]\n"
+    "usage: braid-info [--config | --peers | --tuning [--ranks N] [--transport T]]\n"
     "  (no option)  version, build features, transports, host identity, interfaces\n"
     "  --config     every knob with its effective value, its source and what it does\n"
     "  --peers      run under braid-run -n N: the transport each rank uses to reach each\n"
     "               other rank\n"
+    "  --tuning     for each collective and size (8 B to 1 GiB of float32), the algorithm\n"
+    "               braid picks with this environment's knobs (BRAID_ALGO,\n"
+    "               BRAID_ONESHOT_BYTES, BRAID_CHUNK_BYTES) and the time the alpha-beta\n"
+    "               model of transport T (default shm) predicts for it at N ranks\n"
+    "               (default 2); the model's parameters head the table\n"
     "  -h, --help   print this help\n";
 
 const char* yesNo(int on) { return on ? "yes" : "no"; }
@@ -193,10 +204,49 @@ int printPeers() {
   return 0;
 }
 
+int printTuning(int ranks, const std::string& transport) {
+  using braid::algo::Collective;
+  const braid::Knobs knobs = braid::Knobs::resolve(braid::Config{});
+  const braid::tuning::AlgoPreference preference = braid::tuning::AlgoPreference::parse(knobs.algo);
+  braid::algo::SimOptions options;
+  options.link = braid::tuning::defaultLink(transport);
+  options.checkData = false;
+  options.elemSize = 4;
+  options.chunkBytes = knobs.chunkBytes;
+  std::printf(
+      "braid-info --tuning: %d ranks over %s (latency %.3g us, %.3g GB/s per link, "
+      "reductions %.3g GB/s); BRAID_ALGO '%s'\n",
+      ranks, transport.c_str(), options.link.latency * 1e6, options.link.bandwidth / 1e9,
+      options.link.reduceBandwidth / 1e9, knobs.algo.c_str());
+  std::printf("%-14s %10s  %-13s %14s\n", "collective", "size", "algorithm", "predicted us");
+  for (Collective c : {Collective::AllReduce, Collective::Broadcast, Collective::Reduce,
+                       Collective::AllGather, Collective::ReduceScatter}) {
+    const bool gathered = c == Collective::AllGather || c == Collective::ReduceScatter;
+    for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 8) {
+      braid::algo::Shape shape;
+      shape.nranks = ranks;
+      shape.elemSize = options.elemSize;
+      shape.count = std::max<size_t>(1, bytes / options.elemSize / (gathered ? ranks : 1));
+      shape.alignElems = 16;
+      shape.chunkElems = std::max<size_t>(16, knobs.chunkBytes / options.elemSize / 16 * 16);
+      const braid::algo::Algorithm a =
+          braid::tuning::choose(c, shape, preference, knobs.oneShotBytes);
+      const braid::algo::SimResult result =
+          braid::algo::simulate(c, a, ranks, shape.count, 0, options);
+      if (!result.problem.empty()) throw std::runtime_error(result.problem);
+      std::printf("%-14s %10zu  %-13s %14.2f\n", braid::algo::collectiveName(c), bytes,
+                  braid::algo::algorithmName(a), result.seconds * 1e6);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  enum class Mode { Overview, Config, Peers } mode = Mode::Overview;
+  enum class Mode { Overview, Config, Peers, Tuning } mode = Mode::Overview;
+  int ranks = 2;
+  std::string transport = "shm";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     Mode chosen;
@@ -207,12 +257,29 @@ int main(int argc, char** argv) {
       chosen = Mode::Config;
     } else if (arg == "--peers") {
       chosen = Mode::Peers;
+    } else if (arg == "--tuning") {
+      chosen = Mode::Tuning;
+    } else if ((arg == "--ranks" || arg == "--transport") && mode == Mode::Tuning && i + 1 < argc) {
+      const std::string value = argv[++i];
+      if (arg == "--transport") {
+        transport = value;
+        continue;
+      }
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 1 || n > 65536) {
+        std::fprintf(stderr, "braid-info: --ranks: '%s' is not a rank count (1..65536)\n%s",
+                     value.c_str(), kUsage);
+        return 2;
+      }
+      ranks = static_cast<int>(n);
+      continue;
     } else {
       std::fprintf(stderr, "braid-info: unknown option '%s'\n%s", arg.c_str(), kUsage);
       return 2;
     }
     if (mode != Mode::Overview && mode != chosen) {
-      std::fprintf(stderr, "braid-info: --config and --peers are exclusive\n%s", kUsage);
+      std::fprintf(stderr, "braid-info: --config, --peers and --tuning are exclusive\n%s", kUsage);
       return 2;
     }
     mode = chosen;
@@ -225,6 +292,8 @@ int main(int argc, char** argv) {
         return printConfig();
       case Mode::Peers:
         return printPeers();
+      case Mode::Tuning:
+        return printTuning(ranks, transport);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-info: %s\n", e.what());

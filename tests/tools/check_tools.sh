@@ -43,6 +43,10 @@ done
 check "braid-sim 1024 ranks, ring and tree" 0 "$bin/braid-sim" allreduce --ranks 1024 --algo ring,tree -e 64M
 check "braid-sim rejects an algorithm the collective lacks" 2 "$bin/braid-sim" broadcast --ranks 4 --algo ring
 check "braid-sim rejects a bad rate" 2 "$bin/braid-sim" allreduce --ranks 4 --bw fast
+check "braid-info --tuning at 1024 ranks over tcp" 0 "$bin/braid-info" --tuning --ranks 1024 --transport tcp
+check "braid-info --tuning follows BRAID_ALGO" 0 sh -c \
+  "BRAID_ALGO=allreduce:tree '$bin/braid-info' --tuning --ranks 8 | grep -q '^allreduce  *1073741824  tree'"
+check "braid-info --tuning rejects a bad rank count" 2 "$bin/braid-info" --tuning --ranks 0
 check "braid-info --config" 0 "$bin/braid-info" --config
 check "braid-info --peers at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-info" --peers
 

@@ -1,0 +1,19 @@
+#include "tuning/cost_model.h"
+
+namespace braid::tuning {
+
+algo::LinkModel defaultLink(const std::string& transport) {
+  algo::LinkModel link;
+  if (transport == "shm" || transport == "self") {
+    link.latency = 0.15e-6;
+    link.bandwidth = 12e9;
+    link.reduceBandwidth = 20e9;
+  } else {
+    link.latency = 15e-6;
+    link.bandwidth = 3e9;
+    link.reduceBandwidth = 20e9;
+  }
+  return link;
+}
+
+}  // namespace braid::tuning
