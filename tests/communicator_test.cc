@@ -14,6 +14,8 @@
 #include "core/errors.h"
 #include "core/introspect.h"
 #include "multirank.h"
+#include "tuning/algo_choice.h"
+#include "tuning/cost_model.h"
 
 // Every allocation through operator new in this process (libbraid's too),
 // for the test that the latency path allocates nothing. (GCC takes these
@@ -262,6 +264,43 @@ TEST(BraidAlgo, ForcesTheAlgorithmFallsBackWhereItCannotApplyAndRejectsBadLists)
     }
   }
   ::unsetenv("BRAID_ALGO");
+}
+
+// BRAID_TUNING=model: every rank picks what its transport's model predicts fastest
+// (the same on all ranks, or the ops would not match), and results stay right.
+TEST(BraidTuning, ModelPicksThePredictedFastestAlgorithmOnEveryRank) {
+  ::setenv("BRAID_TUNING", "model", 1);
+  runRanks(4, [](Communicator& comm) {
+    const bool shm = detail::peerTransports(comm)[(comm.rank() + 1) % comm.size()] == "shm";
+    const algo::LinkModel model = tuning::defaultLink(shm ? "shm" : "tcp");
+    bool differs = false;  // somewhere the model overrides the fixed choice
+    for (size_t count : {size_t{2}, size_t{512}, size_t{8192}, size_t{262144}}) {
+      std::vector<float> in(count, 1.0f), out(count);
+      comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+      for (float v : out) require(v == 4.0f, "wrong sum");
+      algo::Shape shape = comm.impl()->shapes[static_cast<size_t>(DataType::Float32)];
+      shape.count = count;
+      const tuning::AlgoPreference none;
+      const auto want = tuning::choose(algo::Collective::AllReduce, shape, none,
+                                       comm.impl()->knobs.oneShotBytes, &model);
+      const auto fixed =
+          tuning::choose(algo::Collective::AllReduce, shape, none, comm.impl()->knobs.oneShotBytes);
+      require(detail::lastAlgorithm(comm) == algo::algorithmName(want),
+              format("count %zu ran %s, the model picks %s", count,
+                     detail::lastAlgorithm(comm).c_str(), algo::algorithmName(want)));
+      differs |= want != fixed;
+    }
+    require(differs, "the model never chose otherwise than the fixed rules");
+  });
+  ::setenv("BRAID_TUNING", "fastest", 1);
+  try {
+    Communicator::newUniqueId(RunOptions::loopbackConfig());
+    ADD_FAILURE() << "BRAID_TUNING=fastest was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument) << error.what();
+    EXPECT_NE(std::string(error.what()).find("BRAID_TUNING"), std::string::npos) << error.what();
+  }
+  ::unsetenv("BRAID_TUNING");
 }
 
 TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {

@@ -215,9 +215,10 @@ int printTuning(int ranks, const std::string& transport) {
   options.chunkBytes = knobs.chunkBytes;
   std::printf(
       "braid-info --tuning: %d ranks over %s (latency %.3g us, %.3g GB/s per link, "
-      "reductions %.3g GB/s); BRAID_ALGO '%s'\n",
+      "reductions %.3g GB/s); BRAID_ALGO '%s', BRAID_TUNING %s\n",
       ranks, transport.c_str(), options.link.latency * 1e6, options.link.bandwidth / 1e9,
-      options.link.reduceBandwidth / 1e9, knobs.algo.c_str());
+      options.link.reduceBandwidth / 1e9, knobs.algo.c_str(),
+      knobs.modelTuning ? "model" : "fixed");
   std::printf("%-14s %10s  %-13s %14s\n", "collective", "size", "algorithm", "predicted us");
   for (Collective c : {Collective::AllReduce, Collective::Broadcast, Collective::Reduce,
                        Collective::AllGather, Collective::ReduceScatter}) {
@@ -229,8 +230,8 @@ int printTuning(int ranks, const std::string& transport) {
       shape.count = std::max<size_t>(1, bytes / options.elemSize / (gathered ? ranks : 1));
       shape.alignElems = 16;
       shape.chunkElems = std::max<size_t>(16, knobs.chunkBytes / options.elemSize / 16 * 16);
-      const braid::algo::Algorithm a =
-          braid::tuning::choose(c, shape, preference, knobs.oneShotBytes);
+      const braid::algo::Algorithm a = braid::tuning::choose(
+          c, shape, preference, knobs.oneShotBytes, knobs.modelTuning ? &options.link : nullptr);
       const braid::algo::SimResult result =
           braid::algo::simulate(c, a, ranks, shape.count, 0, options);
       if (!result.problem.empty()) throw std::runtime_error(result.problem);

@@ -12,6 +12,7 @@
 #include "core/introspect.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "tuning/cost_model.h"
 
 namespace braid {
 namespace {
@@ -55,7 +56,7 @@ int usableCores() {
 // ranks that read different values would build plans that do not match.
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
-    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo;
+    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, modelTuning;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -65,6 +66,7 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.slots = static_cast<uint64_t>(knobs.slots);
   mine.chunkBytes = knobs.chunkBytes;
   mine.oneShotBytes = knobs.oneShotBytes;
+  mine.modelTuning = knobs.modelTuning ? 1 : 0;
   // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
   const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
   mine.algo = 0xcbf29ce484222325ull;
@@ -88,6 +90,9 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));
+    if (theirs.modelTuning != mine.modelTuning)
+      differ("BRAID_TUNING", mine.modelTuning ? "model" : "fixed",
+             theirs.modelTuning ? "model" : "fixed");
     if (theirs.algo != mine.algo)
       differ("BRAID_ALGO", format("'%s'", knobs.algo.c_str()), "another list");
     if (std::strncmp(theirs.transports, mine.transports, sizeof(mine.transports)) != 0)
@@ -187,6 +192,15 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
+  if (knobs.modelTuning) {
+    // Every rank must choose alike: all model the slowest transport any
+    // rank uses (tcp if any pair talks over it).
+    std::vector<uint8_t> slow(static_cast<size_t>(nranks), 0);
+    for (const std::string& name : wiring.names) slow[rank] |= name != "shm" && name != "self";
+    bootstrap->allGather(slow.data(), 1, deadlineAfter(knobs.timeout));
+    const bool anySlow = std::any_of(slow.begin(), slow.end(), [](uint8_t s) { return s != 0; });
+    plans.useModel(tuning::defaultLink(anySlow ? "tcp" : "shm"));
+  }
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
 }

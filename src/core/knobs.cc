@@ -32,6 +32,10 @@ const std::vector<KnobInfo>& knobTable() {
        "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "
        "empty lets braid choose",
        nullptr},
+      {"BRAID_TUNING", "string", "fixed",
+       "how braid picks algorithms BRAID_ALGO leaves open: fixed (one-shot, then ring; chain) "
+       "or model (fastest by the per-transport alpha-beta model, up to 256 ranks)",
+       nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
        "peers instead of copied through slots; 0 turns this off",
@@ -167,6 +171,11 @@ Knobs Knobs::resolve(const Config& config) {
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ONESHOT_BYTES must be at most 64K");
   knobs.algo = lookup(knob("BRAID_ALGO")).first;
   tuning::AlgoPreference::parse(knobs.algo);  // rejects a bad list here, naming the knob
+  const std::string tuning = lookup(knob("BRAID_TUNING")).first;
+  if (tuning != "fixed" && tuning != "model")
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: BRAID_TUNING: '%s' is not fixed or model", tuning.c_str()));
+  knobs.modelTuning = tuning == "model";
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

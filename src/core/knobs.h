@@ -41,6 +41,7 @@ struct Knobs {
   size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
   size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
   std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)
+  bool modelTuning;          // BRAID_TUNING=model
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

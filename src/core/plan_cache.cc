@@ -11,7 +11,8 @@ const std::shared_ptr<const algo::Plan>& PlanCache::get(Collective collective,
       shape.chunkElems == lastKey_.chunkElems && shape.alignElems == lastKey_.alignElems &&
       shape.elemSize == lastKey_.elemSize)
     return last_;
-  const algo::Algorithm algorithm = tuning::choose(collective, shape, preference_, oneShotBytes_);
+  const algo::Algorithm algorithm =
+      tuning::choose(collective, shape, preference_, oneShotBytes_, haveModel_ ? &model_ : nullptr);
   Key key{collective,  algorithm,        shape.root,       shape.peer,
           shape.count, shape.chunkElems, shape.alignElems, shape.elemSize};
   auto found = plans_.find(key);

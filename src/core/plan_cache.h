@@ -30,6 +30,14 @@ class PlanCache {
   PlanCache(size_t oneShotBytes, tuning::AlgoPreference preference)
       : oneShotBytes_(oneShotBytes), preference_(std::move(preference)) {}
 
+  // From now on, choose by this link model (BRAID_TUNING=model).
+  void useModel(const algo::LinkModel& model) {
+    model_ = model;
+    haveModel_ = true;
+    plans_.clear();
+    last_.reset();
+  }
+
  private:
   struct Key {
     Collective collective;
@@ -60,6 +68,8 @@ class PlanCache {
   static constexpr size_t kMaxEntries = 512;
   size_t oneShotBytes_;
   tuning::AlgoPreference preference_;
+  algo::LinkModel model_;
+  bool haveModel_ = false;
   std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
   // The last plan handed out: loops that repeat one op skip the hash map.
   Key lastKey_{};

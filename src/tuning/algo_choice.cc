@@ -103,9 +103,31 @@ std::string AlgoPreference::describe() const {
 }
 
 Algorithm choose(Collective collective, const algo::Shape& shape, const AlgoPreference& preference,
-                 size_t oneShotBytes) {
+                 size_t oneShotBytes, const algo::LinkModel* model) {
   for (Algorithm a : preference.allowed(collective))
     if (algo::applies(collective, a, shape)) return a;
+  if (model && shape.nranks > 1 && shape.nranks <= kModelRanks && collective != Collective::Send &&
+      collective != Collective::Recv) {
+    algo::SimOptions options;
+    options.link = *model;
+    options.checkData = false;
+    options.elemSize = shape.elemSize;
+    options.chunkBytes = shape.chunkElems * shape.elemSize;
+    options.alignBytes = shape.alignElems * shape.elemSize;
+    Algorithm best = Algorithm::Ring;
+    double bestSeconds = -1;
+    for (Algorithm a : algo::algorithmsFor(collective)) {
+      if (!algo::applies(collective, a, shape)) continue;
+      const algo::SimResult result =
+          algo::simulate(collective, a, shape.nranks, shape.count, shape.root, options);
+      // Ties go to the earlier algorithm in the catalog's order.
+      if (result.problem.empty() && (bestSeconds < 0 || result.seconds < bestSeconds * 0.999)) {
+        best = a;
+        bestSeconds = result.seconds;
+      }
+    }
+    if (bestSeconds >= 0) return best;
+  }
   switch (collective) {
     case Collective::AllReduce:
       return shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes &&

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "algorithms/catalog.h"
+#include "algorithms/simulate.h"
 
 namespace braid::tuning {
 
@@ -35,10 +36,18 @@ class AlgoPreference {
 };
 
 // The algorithm for one call: the first allowed one that applies at this
-// shape, else braid's default (one-shot for all-reduces of at most
-// `oneShotBytes` on more than one rank, ring for the other all-reduces,
-// all-gathers and reduce-scatters, chain for broadcast and reduce).
+// shape; else, with a `model`, the one the simulator predicts fastest over
+// links of that model (up to kModelRanks ranks); else braid's fixed choice
+// (one-shot for all-reduces of at most `oneShotBytes` on more than one rank,
+// ring for the other all-reduces, all-gathers and reduce-scatters, chain for
+// broadcast and reduce). Depends on nothing but its arguments, so ranks that
+// agree on them agree on the algorithm.
 algo::Algorithm choose(algo::Collective collective, const algo::Shape& shape,
-                       const AlgoPreference& preference, size_t oneShotBytes);
+                       const AlgoPreference& preference, size_t oneShotBytes,
+                       const algo::LinkModel* model = nullptr);
+
+// The most ranks the model choice simulates; larger communicators use the
+// fixed choice (simulating them would make a first call slow).
+inline constexpr int kModelRanks = 256;
 
 }  // namespace braid::tuning
