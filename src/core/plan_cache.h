@@ -24,7 +24,7 @@ class PlanCache {
 
   // The plan the last get() returned, and its algorithm.
   const std::shared_ptr<const algo::Plan>& last() const { return last_; }
-  algo::Algorithm lastAlgorithm() const { return lastKey_.algorithm; }
+  algo::Algorithm lastAlgorithm() const { return lastAlgorithm_; }
 
   // Algorithms as tuning::choose() picks them with these settings.
   PlanCache(size_t oneShotBytes, tuning::AlgoPreference preference)
@@ -41,7 +41,6 @@ class PlanCache {
  private:
   struct Key {
     Collective collective;
-    algo::Algorithm algorithm;
     int root;
     int peer;
     size_t count;
@@ -49,15 +48,14 @@ class PlanCache {
     size_t alignElems;
     size_t elemSize;
     bool operator==(const Key& other) const {
-      return collective == other.collective && algorithm == other.algorithm && root == other.root &&
-             peer == other.peer && count == other.count && chunkElems == other.chunkElems &&
+      return collective == other.collective && root == other.root && peer == other.peer &&
+             count == other.count && chunkElems == other.chunkElems &&
              alignElems == other.alignElems && elemSize == other.elemSize;
     }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      uint64_t h = (static_cast<uint64_t>(k.collective) * 16 + static_cast<uint64_t>(k.algorithm)) *
-                   0x9E3779B97F4A7C15ull;
+      uint64_t h = static_cast<uint64_t>(k.collective) * 0x9E3779B97F4A7C15ull;
       for (uint64_t v : {static_cast<uint64_t>(k.root), static_cast<uint64_t>(k.peer),
                          static_cast<uint64_t>(k.count), static_cast<uint64_t>(k.chunkElems),
                          static_cast<uint64_t>(k.alignElems), static_cast<uint64_t>(k.elemSize)})
@@ -70,9 +68,16 @@ class PlanCache {
   tuning::AlgoPreference preference_;
   algo::LinkModel model_;
   bool haveModel_ = false;
-  std::unordered_map<Key, std::shared_ptr<const algo::Plan>, KeyHash> plans_;
+  // The algorithm is a function of the key (with these settings), so it is
+  // chosen once per key, like the plan.
+  struct Entry {
+    algo::Algorithm algorithm;
+    std::shared_ptr<const algo::Plan> plan;
+  };
+  std::unordered_map<Key, Entry, KeyHash> plans_;
   // The last plan handed out: loops that repeat one op skip the hash map.
   Key lastKey_{};
+  algo::Algorithm lastAlgorithm_ = algo::Algorithm::Ring;
   std::shared_ptr<const algo::Plan> last_;
 };
 
