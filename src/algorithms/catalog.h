@@ -34,7 +34,6 @@ enum class Algorithm : uint8_t {
   RecursiveHalving,   // reduce-scatter
   Direct,             // send, recv
 };
-inline constexpr int kNumAlgorithms = 11;
 
 // "allreduce", "broadcast", ... and back; false for an unknown name.
 const char* collectiveName(Collective collective);

@@ -411,7 +411,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         if (!arbiter || arbiter->mayRun(i, lane.plan->steps[lane.step])) moved |= advance(lane);
         finished &= lane.step == lane.plan->steps.size();
       }
-      if (finished && flushed() && (lent_.empty() || allReturned())) return;
+      if (finished && flushed() && allReturned()) return;
       if (aborted.load(std::memory_order_relaxed))
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
