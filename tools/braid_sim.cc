@@ -34,6 +34,7 @@ constexpr const char* kUsage =
     "                         (default 50GB/s)\n"
     "      --lat TIME         latency of each message, e.g. 5us, 800ns, 1ms (default 5us)\n"
     "      --reduce-bw RATE   local reduction speed (default: free)\n"
+    "      --copy-bw RATE     local copy speed, e.g. out of a received message (default: free)\n"
     "  -b, --minbytes SIZE    smallest size (default 8)\n"
     "  -e, --maxbytes SIZE    largest size (default 1G)\n"
     "  -f, --stepfactor N     multiply the size by N each step (default 8)\n"
@@ -145,6 +146,8 @@ int run(int argc, char** argv) {
       options.link.latency = timeValue(name, value());
     } else if (name == "--reduce-bw") {
       options.link.reduceBandwidth = rateValue(name, value());
+    } else if (name == "--copy-bw") {
+      options.link.copyBandwidth = rateValue(name, value());
     } else if (name == "-b" || name == "--minbytes") {
       minBytes = braid::bench::bytesValue(name, value());
     } else if (name == "-e" || name == "--maxbytes") {

@@ -204,14 +204,23 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
             std::copy(result_.begin(), result_.end(), rank.buffer(s.dst).begin() + s.dstOffset);
         }
         const double bytes = static_cast<double>(s.count * elem);
-        if (reduces(s.kind) && options.link.reduceBandwidth > 0)
-          rank.clock += bytes / options.link.reduceBandwidth;
+        const LinkModel& model = options.link;
+        const double reduceTime = model.reduceBandwidth > 0 ? bytes / model.reduceBandwidth : 0;
+        const double copyTime = model.copyBandwidth > 0 ? bytes / model.copyBandwidth : 0;
+        const double linkTime = bytes / model.bandwidth;
+        const bool inPlace =
+            s.kind == StepKind::Copy && s.src == s.dst && s.srcOffset == s.dstOffset;
+        if (s.kind == StepKind::Recv || s.kind == StepKind::RecvCopySend ||
+            (s.kind == StepKind::Copy && !inPlace))
+          rank.clock += copyTime;
+        if (reduces(s.kind) && s.kind != StepKind::RecvReduceSend) rank.clock += reduceTime;
         if (sends(s.kind)) {
           if (s.sendPeer < 0 || s.sendPeer >= n || s.sendPeer == r)
             return fail(r, format("sends to rank %d", s.sendPeer));
           Link& link = linkOf(r, s.sendPeer);
           const double leave = std::max(rank.clock, link.free);
-          link.free = leave + bytes / options.link.bandwidth;
+          link.free = leave + (s.kind == StepKind::RecvReduceSend ? std::max(linkTime, reduceTime)
+                                                                  : linkTime);
           rank.clock = link.free;  // the sender is busy putting it on the link
           link.messages.push_back(
               {check ? std::move(result_) : Values{}, s.count, link.free + options.link.latency});

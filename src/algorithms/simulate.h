@@ -7,8 +7,12 @@
 // unread, or if any rank's output is not the collective's result (sum,
 // computed independently). Alongside, an alpha-beta model estimates the
 // time: a message of b bytes leaves when its sender gets to it and its link
-// is free, occupies the link b / bandwidth, and arrives latency later; a
-// rank's clock moves to each arrival it waits for.
+// is free, occupies the sender and the link b / bandwidth, and arrives
+// latency later; a rank's clock moves to each arrival it waits for. Local
+// work costs the rank's clock too: b / copyBandwidth for each copy a step
+// makes (a received message into memory, a Copy step), b / reduceBandwidth
+// for each reduction. A reduction whose result goes straight to the link
+// (RecvReduceSend) overlaps the two: the longer one counts.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +27,7 @@ struct LinkModel {
   double latency = 5e-6;       // seconds per message (alpha)
   double bandwidth = 10e9;     // bytes per second of each link (1 / beta)
   double reduceBandwidth = 0;  // bytes per second of a local reduction; 0: free
+  double copyBandwidth = 0;    // bytes per second of a local copy; 0: free
 };
 
 struct SimOptions {
