@@ -38,7 +38,7 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: braid-info [--config | --peers | --tuning [--ranks N] [--transport T]]\n"
+    "usage: braid-info [--config | --peers | --tuning [--ranks N] [--transport T] [--measure]]\n"
     "  (no option)  version, build features, transports, host identity, interfaces\n"
     "  --config     every knob with its effective value, its source and what it does\n"
     "  --peers      run under braid-run -n N: the transport each rank uses to reach each\n"
@@ -47,7 +47,9 @@ constexpr const char* kUsage =
     "               braid picks with this environment's knobs (BRAID_ALGO,\n"
     "               BRAID_ONESHOT_BYTES, BRAID_CHUNK_BYTES) and the time the alpha-beta\n"
     "               model of transport T (default shm) predicts for it at N ranks\n"
-    "               (default 2); the model's parameters head the table\n"
+    "               (default 2); the model's parameters head the table. With --measure,\n"
+    "               run under braid-run -n N: the model a communicator measures at\n"
+    "               creation (BRAID_TUNING=measured), at N ranks\n"
     "  -h, --help   print this help\n";
 
 const char* yesNo(int on) { return on ? "yes" : "no"; }
@@ -204,21 +206,33 @@ int printPeers() {
   return 0;
 }
 
-int printTuning(int ranks, const std::string& transport) {
+int printTuning(int ranks, const std::string& transport, bool measure) {
   using braid::algo::Collective;
   const braid::Knobs knobs = braid::Knobs::resolve(braid::Config{});
   const braid::tuning::AlgoPreference preference = braid::tuning::AlgoPreference::parse(knobs.algo);
   braid::algo::SimOptions options;
-  options.link = braid::tuning::defaultLink(transport);
+  options.link = braid::tuning::defaultLink(knobs.deterministic ? "shm" : transport);
   options.checkData = false;
   options.elemSize = 4;
   options.chunkBytes = knobs.chunkBytes;
+  std::string source = transport + "'s default costs";
+  if (knobs.deterministic) source = "shm's default costs (BRAID_DETERMINISTIC=1)";
+  if (measure) {
+    braid::Communicator comm = braid::Communicator::fromEnvironment();
+    ranks = comm.size();
+    if (!braid::detail::tuningLink(comm, &options.link))
+      throw std::runtime_error("--measure: BRAID_TUNING is fixed: there is no model to measure");
+    if (comm.rank() != 0) return 0;
+    if (knobs.tuning == braid::Tuning::Measured && !knobs.deterministic)
+      source = "costs measured at creation";
+  }
+  const bool modelled = knobs.tuning != braid::Tuning::Fixed;
   std::printf(
-      "braid-info --tuning: %d ranks over %s (latency %.3g us, %.3g GB/s per link, "
-      "reductions %.3g GB/s); BRAID_ALGO '%s', BRAID_TUNING %s\n",
-      ranks, transport.c_str(), options.link.latency * 1e6, options.link.bandwidth / 1e9,
-      options.link.reduceBandwidth / 1e9, knobs.algo.c_str(),
-      knobs.modelTuning ? "model" : "fixed");
+      "braid-info --tuning: %d ranks, %s: latency %.3g us, %.3g GB/s per link, copies %.3g "
+      "GB/s, reductions %.3g GB/s; BRAID_ALGO '%s', BRAID_TUNING %s\n",
+      ranks, source.c_str(), options.link.latency * 1e6, options.link.bandwidth / 1e9,
+      options.link.copyBandwidth / 1e9, options.link.reduceBandwidth / 1e9, knobs.algo.c_str(),
+      braid::tuningName(knobs.tuning));
   std::printf("%-14s %10s  %-13s %14s\n", "collective", "size", "algorithm", "predicted us");
   for (Collective c : {Collective::AllReduce, Collective::Broadcast, Collective::Reduce,
                        Collective::AllGather, Collective::ReduceScatter}) {
@@ -231,7 +245,7 @@ int printTuning(int ranks, const std::string& transport) {
       shape.alignElems = 16;
       shape.chunkElems = std::max<size_t>(16, knobs.chunkBytes / options.elemSize / 16 * 16);
       const braid::algo::Algorithm a = braid::tuning::choose(
-          c, shape, preference, knobs.oneShotBytes, knobs.modelTuning ? &options.link : nullptr);
+          c, shape, preference, knobs.oneShotBytes, modelled ? &options.link : nullptr);
       const braid::algo::SimResult result =
           braid::algo::simulate(c, a, ranks, shape.count, 0, options);
       if (!result.problem.empty()) throw std::runtime_error(result.problem);
@@ -248,6 +262,7 @@ int main(int argc, char** argv) {
   enum class Mode { Overview, Config, Peers, Tuning } mode = Mode::Overview;
   int ranks = 2;
   std::string transport = "shm";
+  bool measure = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     Mode chosen;
@@ -275,6 +290,9 @@ int main(int argc, char** argv) {
       }
       ranks = static_cast<int>(n);
       continue;
+    } else if (arg == "--measure" && mode == Mode::Tuning) {
+      measure = true;
+      continue;
     } else {
       std::fprintf(stderr, "braid-info: unknown option '%s'\n%s", arg.c_str(), kUsage);
       return 2;
@@ -294,7 +312,7 @@ int main(int argc, char** argv) {
       case Mode::Peers:
         return printPeers();
       case Mode::Tuning:
-        return printTuning(ranks, transport);
+        return printTuning(ranks, transport, measure);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-info: %s\n", e.what());

@@ -101,6 +101,12 @@ bool applies(Collective collective, Algorithm algorithm, const Shape& shape) {
   return true;
 }
 
+size_t bufferBytes(Collective collective, const Shape& shape) {
+  const bool gathered =
+      collective == Collective::AllGather || collective == Collective::ReduceScatter;
+  return shape.count * shape.elemSize * (gathered ? static_cast<size_t>(shape.nranks) : 1);
+}
+
 Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
   switch (collective) {
     case Collective::AllReduce:

@@ -51,6 +51,10 @@ const std::vector<Algorithm>& algorithmsFor(Collective collective);
 // area).
 bool applies(Collective collective, Algorithm algorithm, const Shape& shape);
 
+// The bytes of the call's whole buffer, as braid-perf counts sizes: the
+// gathered one for all-gather and reduce-scatter.
+size_t bufferBytes(Collective collective, const Shape& shape);
+
 // The plan. REQUIRES: applies(collective, algorithm, shape).
 Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape);
 

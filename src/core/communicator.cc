@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "core/calibrate.h"
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/introspect.h"
@@ -56,7 +57,7 @@ int usableCores() {
 // ranks that read different values would build plans that do not match.
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
-    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, modelTuning;
+    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, tuning, deterministic;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -66,7 +67,8 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.slots = static_cast<uint64_t>(knobs.slots);
   mine.chunkBytes = knobs.chunkBytes;
   mine.oneShotBytes = knobs.oneShotBytes;
-  mine.modelTuning = knobs.modelTuning ? 1 : 0;
+  mine.tuning = static_cast<uint64_t>(knobs.tuning);
+  mine.deterministic = knobs.deterministic ? 1 : 0;
   // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
   const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
   mine.algo = 0xcbf29ce484222325ull;
@@ -90,9 +92,12 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));
-    if (theirs.modelTuning != mine.modelTuning)
-      differ("BRAID_TUNING", mine.modelTuning ? "model" : "fixed",
-             theirs.modelTuning ? "model" : "fixed");
+    if (theirs.tuning != mine.tuning)
+      differ("BRAID_TUNING", tuningName(knobs.tuning),
+             theirs.tuning <= 2 ? tuningName(static_cast<Tuning>(theirs.tuning)) : "?");
+    if (theirs.deterministic != mine.deterministic)
+      differ("BRAID_DETERMINISTIC", std::to_string(mine.deterministic),
+             std::to_string(theirs.deterministic));
     if (theirs.algo != mine.algo)
       differ("BRAID_ALGO", format("'%s'", knobs.algo.c_str()), "another list");
     if (std::strncmp(theirs.transports, mine.transports, sizeof(mine.transports)) != 0)
@@ -192,17 +197,31 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
-  if (knobs.modelTuning) {
-    // Every rank must choose alike: all model the slowest transport any
-    // rank uses (tcp if any pair talks over it).
-    std::vector<uint8_t> slow(static_cast<size_t>(nranks), 0);
-    for (const std::string& name : wiring.names) slow[rank] |= name != "shm" && name != "self";
-    bootstrap->allGather(slow.data(), 1, deadlineAfter(knobs.timeout));
-    const bool anySlow = std::any_of(slow.begin(), slow.end(), [](uint8_t s) { return s != 0; });
-    plans.useModel(tuning::defaultLink(anySlow ? "tcp" : "shm"));
-  }
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
+  if (knobs.tuning != Tuning::Fixed) {
+    // Every rank must choose alike, so all model the same links. Without a
+    // measurement that is the slowest transport any rank uses (tcp if any
+    // pair talks over it); a measurement is taken where every pair talks
+    // over one kind of transport (else it would time only some of them).
+    std::vector<uint8_t> kinds(static_cast<size_t>(nranks), 0);
+    for (const std::string& name : wiring.names)
+      if (name != "self") kinds[rank] |= name == "shm" ? 1 : 2;
+    bootstrap->allGather(kinds.data(), 1, deadlineAfter(knobs.timeout));
+    uint8_t used = 0;
+    for (uint8_t k : kinds) used |= k;
+    algo::LinkModel link = tuning::defaultLink(used & 2 ? "tcp" : "shm");
+    if (knobs.deterministic)
+      link = tuning::defaultLink("shm");  // the same choice over every transport
+    else if (knobs.tuning == Tuning::Measured && nranks > 1 && used != 3)
+      link = calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
+    plans.useModel(link);
+    if (knobs.tuning == Tuning::Measured && !knobs.deterministic && nranks > 1)
+      plans.timeWith([this](Collective collective, const algo::Shape& shape,
+                            const std::vector<algo::Algorithm>& contenders) {
+        return timeContenders(collective, shape, contenders);
+      });
+  }
 }
 
 Communicator::Impl::~Impl() {
@@ -407,6 +426,114 @@ Work Communicator::Impl::issue(PendingOp&& op) {
   waitForAsyncIdle();
   execute(&op, 1);
   return Work();  // an empty Work is a completed one
+}
+
+algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const algo::Shape& shape,
+                                                   const std::vector<algo::Algorithm>& contenders) {
+  constexpr int kTimedRounds = 5;
+  // The element size's usual type, for the reduction kernel's speed.
+  DataType type = DataType::Uint8;
+  switch (shape.elemSize) {
+    case 2:
+      type = DataType::BFloat16;
+      break;
+    case 4:
+      type = DataType::Float32;
+      break;
+    case 8:
+      type = DataType::Float64;
+      break;
+  }
+  const bool reduces = collective == Collective::AllReduce || collective == Collective::Reduce ||
+                       collective == Collective::ReduceScatter;
+  const size_t whole = algo::bufferBytes(collective, shape);
+  const size_t one = shape.count * shape.elemSize;
+  std::vector<std::byte> in(collective == Collective::ReduceScatter ? whole : one);
+  std::vector<std::byte> out(collective == Collective::AllGather ? whole : one);
+  static constexpr const char* kNames[] = {"allReduce trial", "broadcast trial", "reduce trial",
+                                           "allGather trial", "reduceScatter trial"};
+
+  waitForAsyncIdle();
+  std::vector<algo::Plan> plans;
+  for (algo::Algorithm a : contenders) plans.push_back(algo::makePlan(collective, a, shape));
+  // Rounds take the contenders in turn, so that a slow spell of the machine
+  // slows them alike; the first round only touches every page. In a round,
+  // a contender runs once untimed (the ranks leave the previous contender
+  // at different moments), then a few times back to back, timed together,
+  // as a loop of calls would run.
+  const int batch = static_cast<int>(std::clamp<size_t>((size_t{256} << 10) / whole, 2, 16));
+  std::vector<std::vector<double>> runs(contenders.size());
+  for (int round = 0; round <= kTimedRounds; ++round)
+    for (size_t i = 0; i < contenders.size(); ++i) {
+      auto start = Clock::now();
+      for (int call = 0; call <= (round ? batch : 0); ++call) {
+        if (call == 1) start = Clock::now();
+        PendingOp op;
+        op.collective = collective;
+        op.info.name = kNames[static_cast<size_t>(collective)];
+        op.info.seq = collectiveSeq++;
+        op.info.count = shape.count;
+        op.info.type = type;
+        op.info.reduces = reduces;
+        op.info.root = collective == Collective::Broadcast || collective == Collective::Reduce
+                           ? shape.root
+                           : -1;
+        op.plan = &plans[i];
+        op.input = in.data();
+        op.output = out.data();
+        op.tag = tagFor(op);
+        execute(&op, 1);
+      }
+      if (round > 0)
+        runs[i].push_back(std::chrono::duration<double>(Clock::now() - start).count() / batch);
+    }
+  std::vector<double> seconds;  // each contender's median round on this rank
+  for (std::vector<double>& times : runs) {
+    std::nth_element(times.begin(), times.begin() + kTimedRounds / 2, times.end());
+    seconds.push_back(times[kTimedRounds / 2]);
+  }
+
+  // The slowest rank's median of each: the same numbers on every rank.
+  algo::Shape agree = shapes[static_cast<size_t>(DataType::Float64)];
+  agree.count = seconds.size();
+  const algo::Plan plan = algo::makePlan(
+      Collective::AllReduce,
+      tuning::choose(Collective::AllReduce, agree, tuning::AlgoPreference{}, knobs.oneShotBytes),
+      agree);
+  std::vector<double> slowest(seconds.size());
+  PendingOp op;
+  op.collective = Collective::AllReduce;
+  op.info.name = "allReduce (tuning agreement)";
+  op.info.seq = collectiveSeq++;
+  op.info.count = seconds.size();
+  op.info.type = DataType::Float64;
+  op.info.op = ReduceOp::Max;
+  op.info.reduces = true;
+  op.plan = &plan;
+  op.input = seconds.data();
+  op.output = slowest.data();
+  op.tag = tagFor(op);
+  execute(&op, 1);
+
+  // The fastest, unless an earlier contender (the model's favourite first)
+  // is within 3%: a difference that small is noise.
+  size_t best = 0;
+  for (size_t i = 1; i < slowest.size(); ++i)
+    if (slowest[i] < slowest[best]) best = i;
+  for (size_t i = 0; i < best; ++i)
+    if (slowest[i] <= slowest[best] * 1.03) {
+      best = i;
+      break;
+    }
+  if (log::enabled(log::Level::Info, log::Subsys::Coll)) {
+    std::string times;
+    for (size_t i = 0; i < slowest.size(); ++i)
+      times += format("%s%s %.3g us", i ? ", " : "", algo::algorithmName(contenders[i]),
+                      slowest[i] * 1e6);
+    BRAID_INFO(Coll, "tuning %s of %zu bytes: %s: %s", algo::collectiveName(collective), whole,
+               times.c_str(), algo::algorithmName(contenders[best]));
+  }
+  return contenders[best];
 }
 
 // ---------------------------------------------------------------- Communicator
@@ -740,6 +867,12 @@ std::vector<std::string> builtTransports() { return transport::builtTransports()
 
 std::string lastAlgorithm(const Communicator& comm) {
   return comm.impl() ? algo::algorithmName(comm.impl()->plans.lastAlgorithm()) : "";
+}
+
+bool tuningLink(const Communicator& comm, algo::LinkModel* link) {
+  const algo::LinkModel* model = comm.impl() ? comm.impl()->plans.model() : nullptr;
+  if (model) *link = *model;
+  return model != nullptr;
 }
 
 uint64_t piecesSentByReference(const Communicator& comm) {

@@ -59,6 +59,12 @@ struct Communicator::Impl {
   void execute(PendingOp* ops, size_t count);
   // Sets each lane's memAlloc regions (what its pieces may be lent from).
   void findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const;
+  // BRAID_TUNING=measured: runs each contender a few times on zeroed
+  // buffers shaped like the call, agrees with the other ranks on the
+  // slowest rank's time of each, and returns the fastest. Every rank calls
+  // it at the same op, so the trials' sequence numbers stay aligned.
+  algo::Algorithm timeContenders(Collective collective, const algo::Shape& shape,
+                                 const std::vector<algo::Algorithm>& contenders);
   // Waits until the progress thread has nothing queued or running.
   void waitForAsyncIdle();
   void enqueue(std::vector<PendingOp> ops);

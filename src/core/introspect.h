@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/simulate.h"
 #include "braid/communicator.h"
 
 namespace braid::detail {
@@ -22,5 +23,9 @@ uint64_t piecesSentByReference(const Communicator& comm);
 
 // The algorithm of this rank's most recent operation ("ring", "tree", ...).
 std::string lastAlgorithm(const Communicator& comm);
+
+// The link model `comm` picks algorithms with (measured at creation under
+// BRAID_TUNING=measured); false under BRAID_TUNING=fixed.
+bool tuningLink(const Communicator& comm, algo::LinkModel* link);
 
 }  // namespace braid::detail

@@ -32,9 +32,14 @@ const std::vector<KnobInfo>& knobTable() {
        "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "
        "empty lets braid choose",
        nullptr},
-      {"BRAID_TUNING", "string", "fixed",
-       "how braid picks algorithms BRAID_ALGO leaves open: fixed (one-shot, then ring; chain) "
-       "or model (fastest by the per-transport alpha-beta model, up to 256 ranks)",
+      {"BRAID_TUNING", "string", "measured",
+       "how braid picks algorithms BRAID_ALGO leaves open: measured (fastest by an alpha-beta "
+       "model of costs measured at creation), model (the same with each transport's default "
+       "costs) or fixed (one-shot, then ring; chain)",
+       nullptr},
+      {"BRAID_DETERMINISTIC", "int", "0",
+       "1: all-reduce and reduce-scatter results bitwise the same from run to run (the "
+       "algorithm depends on rank count, size and knobs only, never on timing or transport)",
        nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
@@ -46,6 +51,18 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_LOG_FILE", "string", "", "log to this file instead of stderr (%p = pid)", nullptr},
   };
   return table;
+}
+
+const char* tuningName(Tuning tuning) {
+  switch (tuning) {
+    case Tuning::Measured:
+      return "measured";
+    case Tuning::Model:
+      return "model";
+    case Tuning::Fixed:
+      return "fixed";
+  }
+  return "?";
 }
 
 std::string getEnv(const char* name) {
@@ -172,10 +189,22 @@ Knobs Knobs::resolve(const Config& config) {
   knobs.algo = lookup(knob("BRAID_ALGO")).first;
   tuning::AlgoPreference::parse(knobs.algo);  // rejects a bad list here, naming the knob
   const std::string tuning = lookup(knob("BRAID_TUNING")).first;
-  if (tuning != "fixed" && tuning != "model")
+  if (tuning == "measured")
+    knobs.tuning = Tuning::Measured;
+  else if (tuning == "model")
+    knobs.tuning = Tuning::Model;
+  else if (tuning == "fixed")
+    knobs.tuning = Tuning::Fixed;
+  else
+    throw Error(
+        ErrorCode::InvalidArgument,
+        format("braid: BRAID_TUNING: '%s' is not measured, model or fixed", tuning.c_str()));
+  const long long deterministic =
+      parseInt(lookup(knob("BRAID_DETERMINISTIC")).first, "BRAID_DETERMINISTIC");
+  if (deterministic != 0 && deterministic != 1)
     throw Error(ErrorCode::InvalidArgument,
-                format("braid: BRAID_TUNING: '%s' is not fixed or model", tuning.c_str()));
-  knobs.modelTuning = tuning == "model";
+                format("braid: BRAID_DETERMINISTIC: %lld is not 0 or 1", deterministic));
+  knobs.deterministic = deterministic == 1;
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,14 @@ struct KnobValue {
   std::string source;  // "default", "environment (NAME)", "config"
 };
 
+// How braid picks the algorithms BRAID_ALGO leaves open (BRAID_TUNING).
+enum class Tuning : uint8_t {
+  Measured,  // the alpha-beta model, with costs measured at creation
+  Model,     // the alpha-beta model, with each transport's default costs
+  Fixed,     // fixed rules: one-shot, then ring; chain
+};
+const char* tuningName(Tuning tuning);
+
 // Effective values after Config, then the environment, then the defaults.
 // Throws Error(InvalidArgument) naming the knob when a value does not parse.
 struct Knobs {
@@ -41,7 +50,8 @@ struct Knobs {
   size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
   size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
   std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)
-  bool modelTuning;          // BRAID_TUNING=model
+  Tuning tuning;             // BRAID_TUNING
+  bool deterministic;        // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

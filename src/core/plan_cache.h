@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -30,11 +31,28 @@ class PlanCache {
   PlanCache(size_t oneShotBytes, tuning::AlgoPreference preference)
       : oneShotBytes_(oneShotBytes), preference_(std::move(preference)) {}
 
-  // From now on, choose by this link model (BRAID_TUNING=model).
+  // The link model the choice uses; null for the fixed rules.
+  const algo::LinkModel* model() const { return haveModel_ ? &model_ : nullptr; }
+
+  // Times `contenders` (at least two) for a call of this shape and returns
+  // the fastest; every rank must return the same one.
+  using Timer = std::function<algo::Algorithm(Collective, const algo::Shape&,
+                                              const std::vector<algo::Algorithm>&)>;
+  // From now on, where the model finds several algorithms within
+  // kContenderFactor of the fastest prediction for a call of at most
+  // kTimedBytes, let `timer` pick among them (BRAID_TUNING=measured). Once
+  // per collective, element size and power-of-two size class: the pick
+  // holds for every size of the class. REQUIRES: a model.
+  void timeWith(Timer timer) { timer_ = std::move(timer); }
+  static constexpr size_t kTimedBytes = size_t{4} << 20;
+  static constexpr double kContenderFactor = 2.0;
+
+  // From now on, choose by this link model (BRAID_TUNING=measured, model).
   void useModel(const algo::LinkModel& model) {
     model_ = model;
     haveModel_ = true;
     plans_.clear();
+    timed_.clear();
     last_.reset();
   }
 
@@ -64,6 +82,10 @@ class PlanCache {
     }
   };
   static constexpr size_t kMaxEntries = 512;
+  algo::Algorithm choose(Collective collective, const algo::Shape& shape);
+  Timer timer_;
+  // Timed picks by (collective, element size, floor(log2(bytes))).
+  std::unordered_map<uint64_t, algo::Algorithm> timed_;
   size_t oneShotBytes_;
   tuning::AlgoPreference preference_;
   algo::LinkModel model_;

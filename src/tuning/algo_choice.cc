@@ -102,31 +102,56 @@ std::string AlgoPreference::describe() const {
   return text;
 }
 
+bool preferred(Collective collective, const algo::Shape& shape, const AlgoPreference& preference,
+               Algorithm* algorithm) {
+  for (Algorithm a : preference.allowed(collective))
+    if (algo::applies(collective, a, shape)) {
+      *algorithm = a;
+      return true;
+    }
+  return false;
+}
+
+std::vector<Algorithm> contenders(Collective collective, const algo::Shape& shape,
+                                  const algo::LinkModel& model, double factor) {
+  if (shape.nranks <= 1 || shape.nranks > kModelRanks || collective == Collective::Send ||
+      collective == Collective::Recv)
+    return {};
+  algo::SimOptions options;
+  options.link = model;
+  options.checkData = false;
+  options.elemSize = shape.elemSize;
+  options.chunkBytes = shape.chunkElems * shape.elemSize;
+  options.alignBytes = shape.alignElems * shape.elemSize;
+  std::vector<std::pair<double, Algorithm>> predicted;
+  for (Algorithm a : algo::algorithmsFor(collective)) {
+    if (!algo::applies(collective, a, shape)) continue;
+    const algo::SimResult result =
+        algo::simulate(collective, a, shape.nranks, shape.count, shape.root, options);
+    if (result.problem.empty()) predicted.emplace_back(result.seconds, a);
+  }
+  // Stable: algorithms predicted alike keep the catalog's order.
+  std::stable_sort(predicted.begin(), predicted.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<Algorithm> out;
+  for (const auto& [seconds, a] : predicted)
+    if (seconds <= predicted.front().first * factor) out.push_back(a);
+  return out;
+}
+
 Algorithm choose(Collective collective, const algo::Shape& shape, const AlgoPreference& preference,
                  size_t oneShotBytes, const algo::LinkModel* model) {
-  for (Algorithm a : preference.allowed(collective))
-    if (algo::applies(collective, a, shape)) return a;
-  if (model && shape.nranks > 1 && shape.nranks <= kModelRanks && collective != Collective::Send &&
-      collective != Collective::Recv) {
-    algo::SimOptions options;
-    options.link = *model;
-    options.checkData = false;
-    options.elemSize = shape.elemSize;
-    options.chunkBytes = shape.chunkElems * shape.elemSize;
-    options.alignBytes = shape.alignElems * shape.elemSize;
-    Algorithm best = Algorithm::Ring;
-    double bestSeconds = -1;
-    for (Algorithm a : algo::algorithmsFor(collective)) {
-      if (!algo::applies(collective, a, shape)) continue;
-      const algo::SimResult result =
-          algo::simulate(collective, a, shape.nranks, shape.count, shape.root, options);
-      // Ties go to the earlier algorithm in the catalog's order.
-      if (result.problem.empty() && (bestSeconds < 0 || result.seconds < bestSeconds * 0.999)) {
-        best = a;
-        bestSeconds = result.seconds;
-      }
-    }
-    if (bestSeconds >= 0) return best;
+  Algorithm algorithm;
+  if (preferred(collective, shape, preference, &algorithm)) return algorithm;
+  if (model) {
+    // Predictions within 0.1% of each other are a tie: the catalog's order
+    // decides, so rounding never flips a choice.
+    const std::vector<Algorithm> fastest = contenders(collective, shape, *model, 1.001);
+    const auto& order = algo::algorithmsFor(collective);
+    auto position = [&](Algorithm a) { return std::find(order.begin(), order.end(), a); };
+    if (!fastest.empty())
+      return *std::min_element(fastest.begin(), fastest.end(),
+                               [&](Algorithm x, Algorithm y) { return position(x) < position(y); });
   }
   switch (collective) {
     case Collective::AllReduce:

@@ -46,6 +46,17 @@ algo::Algorithm choose(algo::Collective collective, const algo::Shape& shape,
                        const AlgoPreference& preference, size_t oneShotBytes,
                        const algo::LinkModel* model = nullptr);
 
+// Whether `preference` decides this call; if so, *algorithm is its pick.
+bool preferred(algo::Collective collective, const algo::Shape& shape,
+               const AlgoPreference& preference, algo::Algorithm* algorithm);
+
+// The algorithms worth timing for one call: those that apply, predicted
+// over `model` to take at most `factor` times the fastest one's time,
+// fastest first (ties in the catalog's order). Empty for a single rank, for
+// more than kModelRanks ranks and for point-to-point.
+std::vector<algo::Algorithm> contenders(algo::Collective collective, const algo::Shape& shape,
+                                        const algo::LinkModel& model, double factor);
+
 // The most ranks the model choice simulates; larger communicators use the
 // fixed choice (simulating them would make a first call slow).
 inline constexpr int kModelRanks = 256;

@@ -1,0 +1,123 @@
+#include "core/calibrate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/log.h"
+#include "reduce/reduce.h"
+#include "tuning/calibration.h"
+
+namespace braid {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kSmallBytes = 8;
+constexpr size_t kLargeBytes = 256 * 1024;
+constexpr int kSmallRounds = 100, kLargeRounds = 12, kLocalRounds = 5;
+// Tags no op uses: ops carry their sequence number in the low bits, and
+// calibration runs before the first op, but a distinct tag makes a stray
+// message fail loudly rather than pass as an op's.
+constexpr uint32_t kTag = 0x7ca1b000u;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// A token passed `rounds` times around the ring: rank 0 sends first, every
+// other rank passes on what it received. Only one rank is busy at a time,
+// so a round takes n message latencies, wake-ups included.
+algo::Plan tokenPlan(int rank, int nranks, int rounds) {
+  algo::Plan plan;
+  algo::Step send;
+  send.kind = algo::StepKind::Send;
+  send.sendPeer = (rank + 1) % nranks;
+  send.src = algo::Buffer::Input;
+  send.count = kSmallBytes;
+  algo::Step recv;
+  recv.kind = algo::StepKind::Recv;
+  recv.recvPeer = (rank + nranks - 1) % nranks;
+  recv.dst = algo::Buffer::Output;
+  recv.count = kSmallBytes;
+  for (int i = 0; i < rounds; ++i) {
+    plan.steps.push_back(rank == 0 ? send : recv);
+    plan.steps.push_back(rank == 0 ? recv : send);
+  }
+  return plan;
+}
+
+// `rounds` ring exchanges of `bytes`: every rank sends to the next and
+// receives from the previous one, all at once, as a ring step does.
+algo::Plan ringPlan(int rank, int nranks, size_t bytes, int rounds) {
+  algo::Plan plan = tokenPlan(0, nranks, rounds);
+  for (algo::Step& step : plan.steps) {
+    step.sendPeer = step.kind == algo::StepKind::Send ? (rank + 1) % nranks : -1;
+    step.recvPeer = step.kind == algo::StepKind::Recv ? (rank + nranks - 1) % nranks : -1;
+    step.count = bytes;
+  }
+  return plan;
+}
+
+}  // namespace
+
+algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bootstrap,
+                              const transport::Wiring& wiring, std::chrono::milliseconds timeout,
+                              const std::atomic<bool>& aborted, const algo::LinkModel& fallback) {
+  const int rank = bootstrap.rank(), nranks = bootstrap.size();
+  const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  std::vector<std::byte> a(kLargeBytes), b(kLargeBytes);
+  std::memset(a.data(), 0x3f, a.size());  // floats near 0.75: no denormals in the sum
+  std::memset(b.data(), 0x3f, b.size());
+
+  std::vector<tuning::Probe> probes(static_cast<size_t>(nranks));
+  tuning::Probe& mine = probes[static_cast<size_t>(rank)];
+  if (nranks > 1) {
+    exec::OpInfo info;
+    info.name = "calibration";
+    auto time = [&](const algo::Plan& plan) {
+      exec::Lane lane;
+      lane.plan = &plan;
+      lane.input = a.data();
+      lane.output = b.data();
+      lane.tag = kTag;
+      lane.info = &info;
+      lane.nranks = nranks;
+      const Clock::time_point start = Clock::now();
+      executor.run(&lane, 1, timeout, aborted);
+      return seconds(Clock::now() - start);
+    };
+    time(tokenPlan(rank, nranks, 10));  // warm up, and meet the neighbours
+    mine.smallSeconds = time(tokenPlan(rank, nranks, kSmallRounds)) / (kSmallRounds * nranks);
+    time(ringPlan(rank, nranks, kLargeBytes, 10));
+    mine.largeSeconds = time(ringPlan(rank, nranks, kLargeBytes, kLargeRounds)) / kLargeRounds;
+    mine.largeBytes = static_cast<double>(kLargeBytes);
+    mine.memoryLink = wiring.names[static_cast<size_t>(next)] == "shm" &&
+                      wiring.names[static_cast<size_t>(prev)] == "shm";
+
+    // Local speeds, best of a few rounds (the first also warms the pages).
+    double copy = 0, sum = 0;
+    const reduce::Kernel kernel = reduce::kernelFor(DataType::Float32, ReduceOp::Sum);
+    for (int i = 0; i < kLocalRounds; ++i) {
+      Clock::time_point start = Clock::now();
+      std::memcpy(b.data(), a.data(), kLargeBytes);
+      const double copied = seconds(Clock::now() - start);
+      start = Clock::now();
+      kernel(b.data(), b.data(), a.data(), kLargeBytes / sizeof(float));
+      const double summed = seconds(Clock::now() - start);
+      copy = i == 0 ? copied : std::min(copy, copied);
+      sum = i == 0 ? summed : std::min(sum, summed);
+    }
+    mine.copyRate = copy > 0 ? kLargeBytes / copy : 0;
+    mine.reduceRate = sum > 0 ? kLargeBytes / sum : 0;
+  }
+  bootstrap.allGather(probes.data(), sizeof(tuning::Probe), Clock::now() + timeout);
+  const algo::LinkModel link = tuning::fitLink(probes, fallback);
+  BRAID_INFO(Init,
+             "calibration: hop %.3g us, %.0f KiB ring step %.3g us, copy %.3g GB/s, sum %.3g "
+             "GB/s here; model: latency %.3g us, link %.3g GB/s, copy %.3g GB/s, sum %.3g GB/s",
+             mine.smallSeconds * 1e6, kLargeBytes / 1024.0, mine.largeSeconds * 1e6,
+             mine.copyRate / 1e9, mine.reduceRate / 1e9, link.latency * 1e6, link.bandwidth / 1e9,
+             link.copyBandwidth / 1e9, link.reduceBandwidth / 1e9);
+  return link;
+}
+
+}  // namespace braid
