@@ -2,11 +2,16 @@
 // groups, split, async work, bad arguments, ranks that never arrive.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/socket.h"
@@ -301,6 +306,147 @@ TEST(BraidTuning, ModelPicksThePredictedFastestAlgorithmOnEveryRank) {
     EXPECT_NE(std::string(error.what()).find("BRAID_TUNING"), std::string::npos) << error.what();
   }
   ::unsetenv("BRAID_TUNING");
+}
+
+// Every rank's `text` (at most 31 characters), gathered.
+std::vector<std::string> gatherNames(Communicator& comm, const std::string& text) {
+  std::vector<char> mine(32, 0), all(32 * static_cast<size_t>(comm.size()));
+  text.copy(mine.data(), 31);
+  comm.allGather(mine.data(), all.data(), mine.size(), DataType::Int8);
+  std::vector<std::string> names;
+  for (int r = 0; r < comm.size(); ++r) names.emplace_back(&all[32 * static_cast<size_t>(r)]);
+  return names;
+}
+
+// BRAID_TUNING=measured (the default): the link is measured at creation;
+// where the model finds several algorithms close, the first call of a size
+// class times them and every rank takes the same (were they to differ, the
+// next ops' messages would not match and fail); a second size of the class
+// is not timed again and runs the class's pick.
+TEST(BraidTuning, MeasuredTimesCloseContendersOncePerSizeClassAndEveryRankPicksTheSame) {
+  runRanks(4, [](Communicator& comm) {
+    algo::LinkModel link;
+    require(detail::tuningLink(comm, &link) && link.latency > 0 && link.bandwidth > 0 &&
+                link.copyBandwidth > 0 && link.reduceBandwidth > 0,
+            "no measured link model");
+    const PlanCache& plans = comm.impl()->plans;
+    for (size_t count = 2; count <= (size_t{1} << 19); count *= 4) {
+      for (size_t n : {count, count + 1}) {  // count * 4 bytes is a power of two: one class
+        const size_t timedBefore = plans.timedClasses();
+        std::vector<float> in(n, 1.0f), out(n);
+        comm.allReduce(in.data(), out.data(), n, DataType::Float32, ReduceOp::Sum);
+        for (float v : out) require(v == 4.0f, format("wrong sum at count %zu", n));
+        const std::string ran = detail::lastAlgorithm(comm);
+        for (const std::string& theirs : gatherNames(comm, ran))
+          require(theirs == ran, format("count %zu: this rank ran %s, another %s", n, ran.c_str(),
+                                        theirs.c_str()));
+        if (n == count + 1)
+          require(plans.timedClasses() == timedBefore,
+                  format("count %zu was timed again within its size class", n));
+      }
+    }
+    require(plans.timedClasses() > 0, "no size class had contenders worth timing");
+  });
+}
+
+// BRAID_DETERMINISTIC=1: the algorithm depends on the rank count, the size
+// and the knobs only, so float sums repeat bit for bit whatever the timing
+// and over either transport. The control shows the comparison can fail:
+// BRAID_TUNING=model without it lets TCP's model pick other algorithms,
+// whose sums differ in the last bits.
+TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAndTransports) {
+  constexpr int kRanks = 4;
+  const std::vector<size_t> counts = {1, 7, 1000, 6000, 40000, 300000};
+  const std::string dir = format("/tmp/braid-deterministic-%d", static_cast<int>(::getpid()));
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  // One run: every rank writes a hash of each result to dir/run.rank.
+  auto run = [&](const std::string& name, const char* transport) {
+    RunOptions options;
+    options.config.transports = transport;
+    runRanks(
+        kRanks,
+        [&](Communicator& comm) {
+          std::mt19937 values(1234 + comm.rank());
+          std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+          std::mt19937 delays(std::random_device{}());
+          const bool deterministic = comm.impl()->knobs.deterministic;
+          const algo::LinkModel shm = tuning::defaultLink("shm");
+          std::string hashes;
+          for (size_t count : counts) {
+            std::vector<float> in(count * kRanks), out(count * kRanks);
+            for (float& v : in) v = uniform(values);
+            auto hash = [](const std::vector<float>& data, size_t n) {
+              uint64_t h = 0xcbf29ce484222325ull;
+              const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+              for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+              return h;
+            };
+            // Some ranks arrive late, by a different amount each run.
+            if (delays() % 2)
+              std::this_thread::sleep_for(std::chrono::microseconds(delays() % 300));
+            comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+            if (deterministic) {
+              algo::Shape shape = comm.impl()->shapes[static_cast<size_t>(DataType::Float32)];
+              shape.count = count;
+              const algo::Algorithm want = tuning::choose(algo::Collective::AllReduce, shape, {},
+                                                          comm.impl()->knobs.oneShotBytes, &shm);
+              require(detail::lastAlgorithm(comm) == algo::algorithmName(want),
+                      format("count %zu ran %s, not %s", count, detail::lastAlgorithm(comm).c_str(),
+                             algo::algorithmName(want)));
+            }
+            hashes +=
+                format("allreduce %zu %s %016llx\n", count, detail::lastAlgorithm(comm).c_str(),
+                       static_cast<unsigned long long>(hash(out, count)));
+            if (delays() % 2)
+              std::this_thread::sleep_for(std::chrono::microseconds(delays() % 300));
+            comm.reduceScatter(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+            hashes +=
+                format("reducescatter %zu %s %016llx\n", count, detail::lastAlgorithm(comm).c_str(),
+                       static_cast<unsigned long long>(hash(out, count)));
+          }
+          FILE* file =
+              std::fopen(format("%s/%s.%d", dir.c_str(), name.c_str(), comm.rank()).c_str(), "w");
+          require(file != nullptr, "cannot write the hashes");
+          std::fputs(hashes.c_str(), file);
+          std::fclose(file);
+        },
+        options);
+  };
+  auto read = [&](const std::string& name, int rank) {
+    std::ifstream file(format("%s/%s.%d", dir.c_str(), name.c_str(), rank));
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(file, line);) lines.push_back(line);
+    return lines;
+  };
+  // The hash, without the algorithm's name, of each line.
+  auto hashesOf = [](std::vector<std::string> lines) {
+    for (std::string& line : lines)
+      line = line.substr(0, line.find(' ', line.find(' ') + 1)) + line.substr(line.rfind(' '));
+    return lines;
+  };
+
+  ::setenv("BRAID_DETERMINISTIC", "1", 1);
+  run("shm1", "shm");
+  run("shm2", "shm");
+  run("tcp", "tcp");
+  ::unsetenv("BRAID_DETERMINISTIC");
+  ::setenv("BRAID_TUNING", "model", 1);
+  run("tcpModel", "tcp");
+  ::unsetenv("BRAID_TUNING");
+  bool controlDiffers = false;
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<std::string> first = read("shm1", r);
+    ASSERT_EQ(first.size(), 2 * counts.size()) << "rank " << r;
+    EXPECT_EQ(first, read("shm2", r)) << "rank " << r << ": two runs over shm differ";
+    EXPECT_EQ(first, read("tcp", r)) << "rank " << r << ": tcp differs from shm";
+    controlDiffers |= hashesOf(first) != hashesOf(read("tcpModel", r));
+  }
+  EXPECT_TRUE(controlDiffers)
+      << "without BRAID_DETERMINISTIC, TCP's model picked the same algorithms (or sums) as "
+         "shared memory's at every size: the comparison proves nothing";
+  for (const char* name : {"shm1", "shm2", "tcp", "tcpModel"})
+    for (int r = 0; r < kRanks; ++r) ::unlink(format("%s/%s.%d", dir.c_str(), name, r).c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {

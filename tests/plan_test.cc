@@ -7,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "algorithms/catalog.h"
 #include "algorithms/simulate.h"
+#include "tuning/algo_choice.h"
+#include "tuning/calibration.h"
 
 namespace braid::algo {
 namespace {
@@ -120,6 +123,119 @@ TEST(Plans, TreeLatencyGrowsLikeLogNAndRingLikeN) {
   const double t = seconds(Algorithm::Ring, 16, count);
   const double busbw = count * 4.0 / t * 2 * 15 / 16;
   EXPECT_GT(busbw, 0.9 * options.link.bandwidth);
+}
+
+// Local copies cost what the step copies: a ring exchange's receiver pays
+// copyBandwidth for each byte it copies out; a copy-free model does not.
+TEST(Plans, ReceivedBytesCostTheCopyBandwidth) {
+  SimOptions options;
+  options.checkData = false;
+  options.link.latency = 1e-6;
+  options.link.bandwidth = 10e9;
+  const size_t count = 1 << 20;  // 4 MiB of floats, all-gathered by 4 ranks
+  const double free =
+      simulate(Collective::AllGather, Algorithm::Ring, 4, count, 0, options).seconds;
+  options.link.copyBandwidth = 10e9;
+  const double copied =
+      simulate(Collective::AllGather, Algorithm::Ring, 4, count, 0, options).seconds;
+  // Each rank puts 3 blocks on its link; it also copies its own block into
+  // place and each of the 3 it receives out: 4 copies more, ~2.3x.
+  EXPECT_GT(copied / free, 2.0);
+  EXPECT_LT(copied / free, 2.6);
+}
+
+tuning::Probe memoryProbe(double hop, double step, double copy, double reduce) {
+  tuning::Probe p;
+  p.smallSeconds = hop;
+  p.largeSeconds = step;
+  p.largeBytes = 256 * 1024;
+  p.copyRate = copy;
+  p.reduceRate = reduce;
+  p.memoryLink = 1;
+  return p;
+}
+
+// The fit: a memory link's per-byte ring-step time splits evenly between
+// the sender's and the receiver's copy; a network link keeps local copies at
+// their local speed; medians resist one slow rank; bad probes fall back.
+TEST(Tuning, FitLinkReadsTheRingStepAndFallsBackOnUnusableProbes) {
+  LinkModel fallback;
+  fallback.latency = 42e-6;
+  const double bytes = 256 * 1024;
+  // 10 GB/s each way: a step of 2 * bytes / 10 GB/s on top of a 1 us hop.
+  const double step = 1e-6 + 2 * bytes / 10e9;
+  std::vector<tuning::Probe> probes = {memoryProbe(1e-6, step, 40e9, 30e9),
+                                       memoryProbe(1e-6, step, 40e9, 30e9),
+                                       memoryProbe(100e-6, 100 * step, 40e9, 30e9)};
+  LinkModel link = tuning::fitLink(probes, fallback);
+  EXPECT_NEAR(link.latency, 1e-6, 1e-12);
+  EXPECT_NEAR(link.bandwidth, 10e9, 1e6);
+  EXPECT_NEAR(link.copyBandwidth, 10e9, 1e6);
+  EXPECT_NEAR(link.reduceBandwidth, 30e9 * 10e9 / 40e9, 1e6);  // slowed like a copy
+
+  // Network: local copies at 20 GB/s, the link takes the rest (5 GB/s).
+  for (auto& p : probes) {
+    p.memoryLink = 0;
+    p.copyRate = 20e9;
+    p.largeSeconds = p.smallSeconds + bytes / 5e9 + bytes / 20e9;
+  }
+  link = tuning::fitLink(probes, fallback);
+  EXPECT_NEAR(link.bandwidth, 5e9, 1e6);
+  EXPECT_NEAR(link.copyBandwidth, 20e9, 1e6);
+
+  // Unusable: nobody measured; memory and network links mixed; a NaN; a
+  // ring step no slower than a hop (nothing to split).
+  EXPECT_EQ(tuning::fitLink({tuning::Probe{}, tuning::Probe{}}, fallback).latency, 42e-6);
+  probes[0].memoryLink = 1;
+  EXPECT_EQ(tuning::fitLink(probes, fallback).latency, 42e-6);
+  probes[0].memoryLink = 0;
+  probes[1].copyRate = std::nan("");
+  EXPECT_EQ(tuning::fitLink(probes, fallback).latency, 42e-6);
+  EXPECT_EQ(tuning::fitLink({memoryProbe(1e-6, 1e-6, 40e9, 30e9)}, fallback).latency, 42e-6);
+}
+
+// The contenders the measured tuner times: every algorithm that applies,
+// predicted within the factor of the fastest, fastest first; choose() with
+// the same model picks the first.
+TEST(Tuning, ContendersAreTheAlgorithmsPredictedWithinTheFactorFastestFirst) {
+  LinkModel link;
+  link.latency = 3e-6;
+  link.bandwidth = link.copyBandwidth = 9e9;
+  link.reduceBandwidth = 7e9;
+  for (size_t count : {size_t{2}, size_t{2048}, size_t{32768}, size_t{1} << 20}) {
+    Shape shape;
+    shape.nranks = 4;
+    shape.count = count;
+    shape.elemSize = 4;
+    shape.chunkElems = (1 << 20) / 4;
+    shape.alignElems = 16;
+    SimOptions options;
+    options.link = link;
+    options.checkData = false;
+    options.chunkBytes = 1 << 20;
+    auto predict = [&](Algorithm a) {
+      return simulate(Collective::AllReduce, a, 4, count, 0, options).seconds;
+    };
+    const std::vector<Algorithm> all = tuning::contenders(Collective::AllReduce, shape, link, 1e9);
+    const std::vector<Algorithm> near = tuning::contenders(Collective::AllReduce, shape, link, 2.0);
+    size_t applicable = 0;
+    for (Algorithm a : algorithmsFor(Collective::AllReduce))
+      applicable += applies(Collective::AllReduce, a, shape);
+    EXPECT_EQ(all.size(), applicable) << count;
+    ASSERT_FALSE(near.empty());
+    for (size_t i = 1; i < all.size(); ++i)
+      EXPECT_LE(predict(all[i - 1]), predict(all[i])) << count;
+    for (Algorithm a : all) {
+      const bool within = predict(a) <= 2.0 * predict(all[0]);
+      EXPECT_EQ(within, std::find(near.begin(), near.end(), a) != near.end())
+          << algorithmName(a) << " at count " << count;
+    }
+    EXPECT_LE(predict(tuning::choose(Collective::AllReduce, shape, {}, 4096, &link)),
+              predict(all[0]) * 1.001);
+  }
+  Shape one;
+  one.count = 100;
+  EXPECT_TRUE(tuning::contenders(Collective::AllReduce, one, link, 2.0).empty());
 }
 
 }  // namespace

@@ -44,6 +44,8 @@ class PlanCache {
   // per collective, element size and power-of-two size class: the pick
   // holds for every size of the class. REQUIRES: a model.
   void timeWith(Timer timer) { timer_ = std::move(timer); }
+  // How many size classes the timer has picked for (for tests).
+  size_t timedClasses() const { return timed_.size(); }
   static constexpr size_t kTimedBytes = size_t{4} << 20;
   static constexpr double kContenderFactor = 2.0;
 

@@ -1,9 +1,10 @@
 // Alpha-beta costs per transport, for predicting a plan's time (the
-// simulator's LinkModel). Defaults only, for now: the orders of magnitude
-// measured on a 2-vCPU AMD EPYC host (shared memory: a hop of ~0.15 us
-// including the call, ~12 GB/s per process copying; TCP over loopback: tens
-// of microseconds and a few GB/s); not yet refined by a measurement at
-// communicator creation.
+// simulator's LinkModel). These defaults are the orders of magnitude
+// measured on a 2-vCPU AMD EPYC host (shared memory: ~0.15 us a hop
+// including the call, ~12 GB/s per process copying across cores; TCP over
+// loopback: tens of microseconds and a few GB/s). Under BRAID_TUNING=measured
+// a communicator measures its own at creation (tuning/calibration.h) and
+// uses these only where it cannot.
 #pragma once
 
 #include <string>
