@@ -4,9 +4,10 @@
 #
 #   benchmarks/algorithms.sh OUTDIR
 #
-# For each N in NRANKS it runs `braid-run -n N braid-perf COLL` once per
-# algorithm with BRAID_ALGO=COLL:ALGO and once with braid's choice, REPEAT
-# rounds interleaved (each size keeps its best), and writes OUTDIR/results.md:
+# For each N in NRANKS and each size it runs `braid-run -n N braid-perf COLL`
+# once per algorithm with BRAID_ALGO=COLL:ALGO and once with braid's choice,
+# in REPEAT rounds (each result keeps its best round), and writes
+# OUTDIR/results.md:
 # per size, each algorithm's time ("n/a" where it does not apply and braid
 # ran its default), the fastest, braid's pick and how much slower than the
 # fastest it is. Every run checks its results.
@@ -33,8 +34,10 @@ bin=$BUILD/bin
 COLL=${COLL:-allreduce}
 NRANKS=${NRANKS:-2 4}
 REPEAT=${REPEAT:-2}
-sizes=(-b "${MINBYTES:-8}" -e "${MAXBYTES:-64M}" -f "${FACTOR:-4}" -n "${ITERS:-20}"
-  -w "${WARMUP:-5}")
+minbytes=$(numfmt --from=iec "${MINBYTES:-8}")
+maxbytes=$(numfmt --from=iec "${MAXBYTES:-64M}")
+factor=${FACTOR:-4}
+timing=(-n "${ITERS:-20}" -w "${WARMUP:-5}")
 
 # The algorithms each collective has (algorithms/catalog.cc).
 case "$COLL" in
@@ -49,19 +52,25 @@ case "$COLL" in
     ;;
 esac
 
+# Each round takes every rank count and size once, and at each size runs
+# every algorithm back to back in a new order: the runs compared at one size
+# lie seconds apart, and a cell's rounds minutes apart (this machine's speed
+# drifts over spans of seconds to minutes; each cell keeps its best round).
 for round in $(seq 1 "$REPEAT"); do
   for n in $NRANKS; do
-    for algo in $algos choice; do
-      json=$out/$COLL-n$n-$algo.r$round.json
-      if [ "$algo" = choice ]; then
-        env -u BRAID_ALGO "$bin/braid-run" -n "$n" "$bin/braid-perf" "$COLL" "${sizes[@]}" \
-          -J "$json" >"${json%.json}.log" 2>&1
-      else
-        BRAID_ALGO="$COLL:$algo" "$bin/braid-run" -n "$n" "$bin/braid-perf" "$COLL" "${sizes[@]}" \
-          -J "$json" >"${json%.json}.log" 2>&1
-      fi
-      echo "algorithms: $COLL at $n ranks, $algo, round $round"
+    for ((size = minbytes; size <= maxbytes; size *= factor)); do
+      for algo in $(printf '%s\n' $algos choice | shuf --random-source=<(yes "$round$n$size")); do
+        json=$out/$COLL-n$n-$algo-s$size.r$round.json
+        run=("$bin/braid-run" -n "$n" "$bin/braid-perf" "$COLL" -b "$size" -e "$size" "${timing[@]}"
+          -J "$json")
+        if [ "$algo" = choice ]; then
+          env -u BRAID_ALGO "${run[@]}" >"${json%.json}.log" 2>&1
+        else
+          BRAID_ALGO="$COLL:$algo" "${run[@]}" >"${json%.json}.log" 2>&1
+        fi
+      done
     done
+    echo "algorithms: $COLL at $n ranks, round $round"
   done
 done
 
@@ -83,7 +92,7 @@ for n in nranks.split():
     picked = {} # size -> (algorithm, time)
     wrong = 0
     for algo in algos + ["choice"]:
-        for path in glob.glob(f"{out}/{coll}-n{n}-{algo}.r*.json"):
+        for path in glob.glob(f"{out}/{coll}-n{n}-{algo}-s*.r*.json"):
             doc = json.load(open(path))
             wrong += doc.get("out_of_bounds", 0)
             for row in doc["results"]:

@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -350,17 +352,18 @@ TEST(BraidTuning, MeasuredTimesCloseContendersOncePerSizeClassAndEveryRankPicksT
 }
 
 // BRAID_DETERMINISTIC=1: the algorithm depends on the rank count, the size
-// and the knobs only, so float sums repeat bit for bit whatever the timing
-// and over either transport. The control shows the comparison can fail:
-// BRAID_TUNING=model without it lets TCP's model pick other algorithms,
-// whose sums differ in the last bits.
+// and the knobs only, so float sums repeat bit for bit whatever the timing,
+// over either transport, in place or not, from memAlloc buffers or not. The control shows the
+// comparison can fail: BRAID_TUNING=model without it lets TCP's model pick other algorithms, whose
+// sums differ in the last bits.
 TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAndTransports) {
   constexpr int kRanks = 4;
   const std::vector<size_t> counts = {1, 7, 1000, 6000, 40000, 300000};
   const std::string dir = format("/tmp/braid-deterministic-%d", static_cast<int>(::getpid()));
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
   // One run: every rank writes a hash of each result to dir/run.rank.
-  auto run = [&](const std::string& name, const char* transport) {
+  // With `shared`, the buffers come from memAlloc (peers read them in place).
+  auto run = [&](const std::string& name, const char* transport, bool shared) {
     RunOptions options;
     options.config.transports = transport;
     runRanks(
@@ -371,20 +374,31 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
           std::mt19937 delays(std::random_device{}());
           const bool deterministic = comm.impl()->knobs.deterministic;
           const algo::LinkModel shm = tuning::defaultLink("shm");
-          std::string hashes;
-          for (size_t count : counts) {
-            std::vector<float> in(count * kRanks), out(count * kRanks);
-            for (float& v : in) v = uniform(values);
-            auto hash = [](const std::vector<float>& data, size_t n) {
-              uint64_t h = 0xcbf29ce484222325ull;
-              const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
-              for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-              return h;
-            };
-            // Some ranks arrive late, by a different amount each run.
+          using Floats = std::unique_ptr<float[], void (*)(float*)>;
+          auto floats = [&](size_t n) {
+            return shared ? Floats(static_cast<float*>(memAlloc(n * sizeof(float))),
+                                   [](float* p) { memFree(p); })
+                          : Floats(new float[n](), [](float* p) { delete[] p; });
+          };
+          auto hash = [](const float* data, size_t n) {
+            uint64_t h = 0xcbf29ce484222325ull;
+            const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+            for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+            return static_cast<unsigned long long>(h);
+          };
+          // Some ranks arrive late, by a different amount each run.
+          auto maybeLate = [&] {
             if (delays() % 2)
               std::this_thread::sleep_for(std::chrono::microseconds(delays() % 300));
-            comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          };
+          std::string hashes;
+          for (size_t count : counts) {
+            Floats in = floats(count * kRanks), out = floats(count * kRanks),
+                   inPlace = floats(count);
+            for (size_t i = 0; i < count * kRanks; ++i) in[i] = uniform(values);
+            std::copy(in.get(), in.get() + count, inPlace.get());
+            maybeLate();
+            comm.allReduce(in.get(), out.get(), count, DataType::Float32, ReduceOp::Sum);
             if (deterministic) {
               algo::Shape shape = comm.impl()->shapes[static_cast<size_t>(DataType::Float32)];
               shape.count = count;
@@ -394,15 +408,17 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
                       format("count %zu ran %s, not %s", count, detail::lastAlgorithm(comm).c_str(),
                              algo::algorithmName(want)));
             }
-            hashes +=
-                format("allreduce %zu %s %016llx\n", count, detail::lastAlgorithm(comm).c_str(),
-                       static_cast<unsigned long long>(hash(out, count)));
-            if (delays() % 2)
-              std::this_thread::sleep_for(std::chrono::microseconds(delays() % 300));
-            comm.reduceScatter(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
-            hashes +=
-                format("reducescatter %zu %s %016llx\n", count, detail::lastAlgorithm(comm).c_str(),
-                       static_cast<unsigned long long>(hash(out, count)));
+            hashes += format("allreduce %zu %s %016llx\n", count,
+                             detail::lastAlgorithm(comm).c_str(), hash(out.get(), count));
+            maybeLate();
+            comm.allReduce(inPlace.get(), inPlace.get(), count, DataType::Float32, ReduceOp::Sum);
+            if (deterministic)
+              require(hash(inPlace.get(), count) == hash(out.get(), count),
+                      format("count %zu: in place differs from out of place", count));
+            maybeLate();
+            comm.reduceScatter(in.get(), out.get(), count, DataType::Float32, ReduceOp::Sum);
+            hashes += format("reducescatter %zu %s %016llx\n", count,
+                             detail::lastAlgorithm(comm).c_str(), hash(out.get(), count));
           }
           FILE* file =
               std::fopen(format("%s/%s.%d", dir.c_str(), name.c_str(), comm.rank()).c_str(), "w");
@@ -426,18 +442,18 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
   };
 
   ::setenv("BRAID_DETERMINISTIC", "1", 1);
-  run("shm1", "shm");
-  run("shm2", "shm");
-  run("tcp", "tcp");
+  run("shm1", "shm", false);
+  run("shm2", "shm", true);
+  run("tcp", "tcp", false);
   ::unsetenv("BRAID_DETERMINISTIC");
   ::setenv("BRAID_TUNING", "model", 1);
-  run("tcpModel", "tcp");
+  run("tcpModel", "tcp", false);
   ::unsetenv("BRAID_TUNING");
   bool controlDiffers = false;
   for (int r = 0; r < kRanks; ++r) {
     const std::vector<std::string> first = read("shm1", r);
     ASSERT_EQ(first.size(), 2 * counts.size()) << "rank " << r;
-    EXPECT_EQ(first, read("shm2", r)) << "rank " << r << ": two runs over shm differ";
+    EXPECT_EQ(first, read("shm2", r)) << "rank " << r << ": two runs over shm differ";  // memAlloc
     EXPECT_EQ(first, read("tcp", r)) << "rank " << r << ": tcp differs from shm";
     controlDiffers |= hashesOf(first) != hashesOf(read("tcpModel", r));
   }

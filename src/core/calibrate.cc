@@ -15,7 +15,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kSmallBytes = 8;
 constexpr size_t kLargeBytes = 256 * 1024;
-constexpr int kSmallRounds = 100, kLargeRounds = 12, kLocalRounds = 5;
+// The token makes about kTokenHops hops in all (at least 2 rounds), so that
+// creation stays quick at thousands of ranks.
+constexpr int kTokenHops = 400, kLargeRounds = 12, kLocalRounds = 5;
 // Tags no op uses: ops carry their sequence number in the low bits, and
 // calibration runs before the first op, but a distinct tag makes a stray
 // message fail loudly rather than pass as an op's.
@@ -85,8 +87,9 @@ algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bo
       executor.run(&lane, 1, timeout, aborted);
       return seconds(Clock::now() - start);
     };
-    time(tokenPlan(rank, nranks, 10));  // warm up, and meet the neighbours
-    mine.smallSeconds = time(tokenPlan(rank, nranks, kSmallRounds)) / (kSmallRounds * nranks);
+    const int rounds = std::max(2, kTokenHops / nranks);
+    time(tokenPlan(rank, nranks, std::max(1, rounds / 10)));  // warm up, meet the neighbours
+    mine.smallSeconds = time(tokenPlan(rank, nranks, rounds)) / (rounds * nranks);
     time(ringPlan(rank, nranks, kLargeBytes, 10));
     mine.largeSeconds = time(ringPlan(rank, nranks, kLargeBytes, kLargeRounds)) / kLargeRounds;
     mine.largeBytes = static_cast<double>(kLargeBytes);

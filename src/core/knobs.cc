@@ -26,7 +26,8 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
       {"BRAID_ONESHOT_BYTES", "bytes", "4K",
-       "all-reduces of at most this size send every input to every rank (one hop; max 64K)",
+       "with BRAID_TUNING=fixed, all-reduces up to this size send every input to every rank "
+       "(one hop; max 64K)",
        nullptr},
       {"BRAID_ALGO", "list", "",
        "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "

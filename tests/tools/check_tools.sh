@@ -47,6 +47,10 @@ check "braid-info --tuning at 1024 ranks over tcp" 0 "$bin/braid-info" --tuning 
 check "braid-info --tuning follows BRAID_ALGO" 0 sh -c \
   "BRAID_ALGO=allreduce:tree '$bin/braid-info' --tuning --ranks 8 | grep -q '^allreduce  *1073741824  tree'"
 check "braid-info --tuning rejects a bad rank count" 2 "$bin/braid-info" --tuning --ranks 0
+check "braid-info --tuning --measure prints the model 3 ranks measured at creation" 0 sh -c \
+  "'$bin/braid-run' -n 3 '$bin/braid-info' --tuning --measure | grep -q '^braid-info --tuning: 3 ranks, costs measured at creation'"
+check "braid-info --tuning --measure under BRAID_TUNING=fixed says why it cannot" 0 sh -c \
+  "BRAID_TUNING=fixed '$bin/braid-run' -n 2 '$bin/braid-info' --tuning --measure 2>&1 | grep -q 'BRAID_TUNING is fixed'"
 check "braid-info --config" 0 "$bin/braid-info" --config
 check "braid-info --peers at 3 ranks" 0 "$bin/braid-run" -n 3 "$bin/braid-info" --peers
 
