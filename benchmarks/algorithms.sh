@@ -9,8 +9,9 @@
 # in REPEAT rounds (each result keeps its best round), and writes
 # OUTDIR/results.md:
 # per size, each algorithm's time ("n/a" where it does not apply and braid
-# ran its default), the fastest, braid's pick and how much slower than the
-# fastest it is. Every run checks its results.
+# ran its own choice), the fastest, braid's pick, what braid picked in each
+# round and how much slower than the fastest it is (algorithms_table.py).
+# Every run checks its results.
 #
 # Settings (environment):
 #   BUILD      build folder (default: build, beside this folder)
@@ -74,55 +75,4 @@ for round in $(seq 1 "$REPEAT"); do
   done
 done
 
-python3 - "$out" "$COLL" "$NRANKS" "$algos" "$REPEAT" "$(uname -r)" <<'PY'
-import glob, json, sys
-out, coll, nranks, algos, repeat, kernel = sys.argv[1:7]
-algos = algos.split()
-def human(b):
-    for unit in ["B", "KiB", "MiB", "GiB"]:
-        if b < 1024 or unit == "GiB":
-            return f"{b:g} {unit}"
-        b /= 1024
-lines = [f"# {coll}: every algorithm forced, and braid's choice\n",
-         "Out-of-place float32 sum; time = mean µs per call, the slowest rank's; each size "
-         f"keeps its best of {repeat} interleaved rounds; every run checked its results. "
-         f"Kernel {kernel}.\n"]
-for n in nranks.split():
-    best = {}   # (algo, size) -> time
-    picked = {} # size -> (algorithm, time)
-    wrong = 0
-    for algo in algos + ["choice"]:
-        for path in glob.glob(f"{out}/{coll}-n{n}-{algo}-s*.r*.json"):
-            doc = json.load(open(path))
-            wrong += doc.get("out_of_bounds", 0)
-            for row in doc["results"]:
-                m = row["out_of_place"]
-                if algo != "choice" and m.get("algorithm") != algo:
-                    continue  # it does not apply there: braid ran its default instead
-                key = (algo, row["size"])
-                if key not in best or m["time_us"] < best[key]:
-                    best[key] = m["time_us"]
-                    if algo == "choice":
-                        picked[row["size"]] = (m["algorithm"], m["time_us"])
-    sizes = sorted({s for (_, s) in best})
-    lines.append(f"\n## {n} ranks\n")
-    lines.append("| size | " + " | ".join(f"{a} µs" for a in algos) +
-                 " | fastest | braid's pick | pick µs | pick / fastest |")
-    lines.append("|---:|" + "---:|" * len(algos) + ":---|:---|---:|---:|")
-    worst = 0
-    for s in sizes:
-        times = {a: best.get((a, s)) for a in algos}
-        known = {a: t for a, t in times.items() if t is not None}
-        fastest = min(known, key=known.get)
-        algo, t = picked.get(s, ("?", float("nan")))
-        ratio = t / known[fastest]
-        worst = max(worst, ratio)
-        cells = ["n/a" if times[a] is None else
-                 f"**{times[a]:.2f}**" if a == fastest else f"{times[a]:.2f}" for a in algos]
-        lines.append(f"| {human(s)} | " + " | ".join(cells) +
-                     f" | {fastest} | {algo} | {t:.2f} | {ratio:.2f} |")
-    lines.append(f"\nbraid's pick is at most {worst:.2f}× the fastest forced algorithm at {n} ranks"
-                 f"{'' if wrong == 0 else f'; {wrong} WRONG ELEMENTS'}.")
-open(f"{out}/results.md", "w").write("\n".join(lines) + "\n")
-print(f"algorithms: wrote {out}/results.md")
-PY
+python3 "$repo/benchmarks/algorithms_table.py" "$out" "$COLL" "$NRANKS" "$algos" "$REPEAT" "$(uname -r)"

@@ -161,6 +161,9 @@ TEST(MemAlloc, RejectsZeroBytesAndForeignPointersNamingTheArgument) {
 // made between ops, when more regions are live than a peer keeps mapped,
 // and for point-to-point, mixed with ordinary memory on the other side.
 TEST(MemAlloc, PeersReadBuffersInPlaceAcrossFreesAndManyRegions) {
+  // The ring, whose every rank lends pieces, whatever the tuner would pick
+  // (MemAllocBuffers.* in collectives_test runs every algorithm).
+  ::setenv("BRAID_ALGO", "allreduce:ring", 1);
   runRanks(3, [](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
     const size_t count = 50000;  // 200 KB: pieces above BRAID_DIRECT_BYTES
@@ -223,6 +226,7 @@ TEST(MemAlloc, PeersReadBuffersInPlaceAcrossFreesAndManyRegions) {
     }
     memFree(shared);
   });
+  ::unsetenv("BRAID_ALGO");
 }
 
 // The latency path: once warm, a small all-reduce allocates nothing.
@@ -245,6 +249,7 @@ TEST(LatencyPath, SmallAllReducesAllocateNothingOnceWarm) {
 // back to its own; a list braid cannot honour is refused naming the knob.
 TEST(BraidAlgo, ForcesTheAlgorithmFallsBackWhereItCannotApplyAndRejectsBadLists) {
   ::setenv("BRAID_ALGO", "allreduce:tree, reducescatter:rechalving ,broadcast:binomial", 1);
+  ::setenv("BRAID_TUNING", "fixed", 1);  // what the list leaves open: the fixed rules' ring
   runRanks(3, [](Communicator& comm) {
     std::vector<float> in(3000, 1.0f), out(3000);
     comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
@@ -271,6 +276,7 @@ TEST(BraidAlgo, ForcesTheAlgorithmFallsBackWhereItCannotApplyAndRejectsBadLists)
     }
   }
   ::unsetenv("BRAID_ALGO");
+  ::unsetenv("BRAID_TUNING");
 }
 
 // BRAID_TUNING=model: every rank picks what its transport's model predicts fastest
