@@ -2,6 +2,7 @@
 // groups, split, async work, bad arguments, ranks that never arrive.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -469,6 +472,97 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
   for (const char* name : {"shm1", "shm2", "tcp", "tcpModel"})
     for (int r = 0; r < kRanks; ++r) ::unlink(format("%s/%s.%d", dir.c_str(), name, r).c_str());
   ::rmdir(dir.c_str());
+}
+
+// What this process writes to stderr (where braid logs) while `body` runs.
+std::string captureStderr(const std::function<void()>& body) {
+  char path[] = "/tmp/braid-stderr-XXXXXX";
+  const int file = ::mkstemp(path);
+  require(file >= 0, "mkstemp failed");
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(file, 2);
+  std::exception_ptr failure;
+  try {
+    body();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::close(file);
+  ::unlink(path);
+  if (failure) std::rethrow_exception(failure);
+  return text;
+}
+
+// SIGUSR1: every communicator of the process logs what it is doing. Rank 2
+// calls the all-reduce a second late; rank 0 reports while it waits in it,
+// rank 2 before calling it (one collective fewer issued: the culprit).
+TEST(HangReport, Sigusr1LogsWhatEachRankIsWaitingFor) {
+  runRanks(3, [](Communicator& comm) {
+    std::vector<float> buf(4096, 1.0f);
+    comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    const unsigned long long before = comm.impl()->collectiveSeq.load();
+    const std::string report = captureStderr([&] {
+      if (comm.rank() == 2) {
+        ::raise(SIGUSR1);
+        std::this_thread::sleep_for(milliseconds(1000));
+      } else if (comm.rank() == 0) {
+        std::thread([] {
+          std::this_thread::sleep_for(milliseconds(300));
+          ::raise(SIGUSR1);
+        }).detach();
+      }
+      comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      std::this_thread::sleep_for(milliseconds(50));  // the report thread has written
+    });
+    if (comm.rank() == 1) {
+      require(report.find("hang report") == std::string::npos, "rank 1 reported unasked");
+      return;
+    }
+    const std::string head =
+        format("hang report (SIGUSR1): rank %d of 3: collectives issued %llu, completed %llu",
+               comm.rank(), before + (comm.rank() == 0 ? 1 : 0), before);
+    require(report.find(head) != std::string::npos, "no '" + head + "' in: " + report);
+    if (comm.rank() == 2) {
+      require(report.find("no op running") != std::string::npos, "rank 2's report: " + report);
+    } else {
+      const std::string op = format("in allReduce #%llu (count 4096, float32, sum), step ", before);
+      require(report.find(op) != std::string::npos, "no '" + op + "' in: " + report);
+      require(report.find(", waiting for ") != std::string::npos, "not waiting: " + report);
+    }
+  });
+}
+
+// BRAID_DUMP_ON_TIMEOUT=1: an op that times out logs the report first.
+TEST(HangReport, DumpOnTimeoutLogsTheReportBeforeTheError) {
+  ::setenv("BRAID_DUMP_ON_TIMEOUT", "1", 1);
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  runRanks(2, [](Communicator& comm) {
+    std::vector<float> buf(64, 1.0f);
+    comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    if (comm.rank() == 1) {  // never comes to the second all-reduce, but stays
+      std::this_thread::sleep_for(milliseconds(2500));
+      return;
+    }
+    const std::string report = captureStderr([&] {
+      requireError(
+          [&] {
+            comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+          },
+          ErrorCode::Timeout, "timed out");
+    });
+    require(report.find("hang report (timed out): rank 0 of 2: collectives issued") !=
+                    std::string::npos &&
+                report.find("waiting for 1") != std::string::npos,
+            "no report of the timed-out op in: " + report);
+  });
+  ::unsetenv("BRAID_DUMP_ON_TIMEOUT");
+  ::unsetenv("BRAID_TIMEOUT");
 }
 
 TEST(SendRecv, AllToAllOfGroupedSendsIncludingSelfAt3Ranks) {

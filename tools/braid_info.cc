@@ -50,7 +50,21 @@ constexpr const char* kUsage =
     "               (default 2); the model's parameters head the table. With --measure,\n"
     "               run under braid-run -n N: the model a communicator measures at\n"
     "               creation (BRAID_TUNING=measured), at N ranks\n"
-    "  -h, --help   print this help\n";
+    "  -h, --help   print this help\n"
+    "\n"
+    "Hang reports: send SIGUSR1 to a rank (kill -USR1 PID; to braid-run, which passes it\n"
+    "to every rank), or set BRAID_DUMP_ON_TIMEOUT=1 to have a timed-out op do it. Each\n"
+    "communicator of the process logs one line, whatever BRAID_LOG_LEVEL says:\n"
+    "  hang report (SIGUSR1): rank 1 of 4: collectives issued 812, completed 811,\n"
+    "  0 async ops queued; in allReduce #811 (count 1024, float32, sum), step 3 of 6,\n"
+    "  receiving from rank 0, sending to rank 2, waiting for 12.3 s\n"
+    "'issued' counts the collectives started on the communicator (braid's own tuning\n"
+    "trials included, alike on every rank), 'completed' those that finished here.\n"
+    "Compare ranks: one whose issued count is lower than the others'\n"
+    "has not called the collective they wait in (look at its program, not at braid);\n"
+    "equal counts with every rank waiting point at the rank named in 'receiving from'\n"
+    "that is itself waiting longest, or stopped. 'moving data' means the op is not\n"
+    "stuck; 'no op running' that this rank waits in none.\n";
 
 const char* yesNo(int on) { return on ? "yes" : "no"; }
 

@@ -9,7 +9,8 @@
 // BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,
 // BRAID_UNIQUE_ID (the id in hex) and BRAID_ROOT (the root's host:port).
 //
-// SIGINT, SIGTERM and SIGHUP are forwarded to every child. The first child
+// SIGINT, SIGTERM and SIGHUP are forwarded to every child, and so is SIGUSR1,
+// which makes every rank log its hang report (braid-info -h). The first child
 // that fails (non-zero exit or killed by a signal) fails the job: braid-run
 // names it on stderr, sends SIGTERM to the others, SIGKILL after 5 s, and
 // exits with that child's status (128 + signal for a signal). It exits 0 when
@@ -191,8 +192,10 @@ void forwardSignals(sigset_t set) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
     std::lock_guard<std::mutex> lock(gChildren.mutex);
-    if (gChildren.signalReceived == 0) gChildren.signalReceived = sig;
-    gChildren.terminating = true;
+    if (sig != SIGUSR1) {  // SIGUSR1 asks each rank for a hang report, nothing more
+      if (gChildren.signalReceived == 0) gChildren.signalReceived = sig;
+      gChildren.terminating = true;
+    }
     for (pid_t pid : gChildren.pids)
       if (pid > 0) ::kill(pid, sig);
   }
@@ -277,6 +280,7 @@ int main(int argc, char** argv) {
   sigaddset(&forwarded, SIGINT);
   sigaddset(&forwarded, SIGTERM);
   sigaddset(&forwarded, SIGHUP);
+  sigaddset(&forwarded, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &forwarded, &original);
 
   std::string idHex, root;

@@ -9,6 +9,7 @@
 
 #include "core/calibrate.h"
 #include "core/communicator_impl.h"
+#include "core/diagnose.h"
 #include "core/errors.h"
 #include "core/introspect.h"
 #include "core/log.h"
@@ -222,9 +223,11 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
         return timeContenders(collective, shape, contenders);
       });
   }
+  diagnose::add(this);
 }
 
 Communicator::Impl::~Impl() {
+  diagnose::remove(this);
   if (!group.empty())
     dropGroup(std::make_exception_ptr(
         Error(ErrorCode::Aborted,
@@ -330,6 +333,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     throwIfFailed();
     executor->run(lanes, count, knobs.timeout, aborted);
   } catch (const Error& error) {
+    if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
+      diagnose::report(*this, "timed out");
     recordFailure(error);
     failure = std::current_exception();
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
@@ -343,8 +348,12 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
       if (ops[i].work) ops[i].work->complete(failure);
     std::rethrow_exception(failure);
   }
-  for (size_t i = 0; i < count; ++i)
+  uint64_t completed = completedSeq.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < count; ++i) {
+    if (!ops[i].pointToPoint) completed = std::max(completed, ops[i].info.seq + 1);
     if (ops[i].work) ops[i].work->complete(nullptr);
+  }
+  completedSeq.store(completed, std::memory_order_relaxed);
 }
 
 void Communicator::Impl::waitForAsyncIdle() {
@@ -471,7 +480,7 @@ algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const 
         PendingOp op;
         op.collective = collective;
         op.info.name = kNames[static_cast<size_t>(collective)];
-        op.info.seq = collectiveSeq++;
+        op.info.seq = nextCollectiveSeq();
         op.info.count = shape.count;
         op.info.type = type;
         op.info.reduces = reduces;
@@ -504,7 +513,7 @@ algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const 
   PendingOp op;
   op.collective = Collective::AllReduce;
   op.info.name = "allReduce (tuning agreement)";
-  op.info.seq = collectiveSeq++;
+  op.info.seq = nextCollectiveSeq();
   op.info.count = seconds.size();
   op.info.type = DataType::Float64;
   op.info.op = ReduceOp::Max;
@@ -596,7 +605,7 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   PendingOp op;
   op.collective = collective;
   op.info.name = name;
-  op.info.seq = impl.collectiveSeq++;
+  op.info.seq = impl.nextCollectiveSeq();
   op.info.count = shape.count;
   op.info.type = type;
   op.plan = impl.plans.get(collective, shape).get();

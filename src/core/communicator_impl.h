@@ -92,7 +92,18 @@ struct Communicator::Impl {
   mutable std::mutex failureMutex;
   std::optional<Error> failure;  // the first sticky error
 
-  uint64_t collectiveSeq = 0;     // collectives issued, the same on every rank
+  // Collectives issued, the same on every rank; and collectives completed
+  // here (the sequence number after the last). Written by the threads that
+  // issue and run ops, read by hang reports from any thread.
+  std::atomic<uint64_t> collectiveSeq{0};
+  std::atomic<uint64_t> completedSeq{0};
+  uint64_t nextCollectiveSeq() {  // a plain increment: only the issuing thread writes it
+    const uint64_t seq = collectiveSeq.load(std::memory_order_relaxed);
+    collectiveSeq.store(seq + 1, std::memory_order_relaxed);
+    return seq;
+  }
+  // One line on what this communicator is doing, for hang reports.
+  std::string describeState() const;
   std::vector<uint64_t> sendSeq;  // sends issued to each peer
   std::vector<uint64_t> recvSeq;  // receives issued from each peer
   uint64_t splits = 0;            // split() calls, for the child's secret

@@ -42,6 +42,10 @@ const std::vector<KnobInfo>& knobTable() {
        "1: all-reduce and reduce-scatter results bitwise the same from run to run (the "
        "algorithm depends on rank count, size and knobs only, never on timing or transport)",
        nullptr},
+      {"BRAID_DUMP_ON_TIMEOUT", "int", "0",
+       "1: an op that times out first logs its rank's hang report (as on SIGUSR1; see "
+       "braid-info -h)",
+       nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
        "peers instead of copied through slots; 0 turns this off",
@@ -206,6 +210,12 @@ Knobs Knobs::resolve(const Config& config) {
     throw Error(ErrorCode::InvalidArgument,
                 format("braid: BRAID_DETERMINISTIC: %lld is not 0 or 1", deterministic));
   knobs.deterministic = deterministic == 1;
+  const long long dump =
+      parseInt(lookup(knob("BRAID_DUMP_ON_TIMEOUT")).first, "BRAID_DUMP_ON_TIMEOUT");
+  if (dump != 0 && dump != 1)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: BRAID_DUMP_ON_TIMEOUT: %lld is not 0 or 1", dump));
+  knobs.dumpOnTimeout = dump == 1;
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

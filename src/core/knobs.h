@@ -52,6 +52,7 @@ struct Knobs {
   std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)
   Tuning tuning;             // BRAID_TUNING
   bool deterministic;        // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
+  bool dumpOnTimeout;        // BRAID_DUMP_ON_TIMEOUT=1: a timed-out op logs the hang report
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

@@ -137,6 +137,24 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
         unflushable_.push_back(wiring_.connections[peer]);
 }
 
+void Activity::start(const OpInfo& info, size_t stepCount, size_t laneCount) {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  seq.store(info.seq, relaxed);
+  count.store(info.count, relaxed);
+  type.store(static_cast<int>(info.type), relaxed);
+  op.store(static_cast<int>(info.op), relaxed);
+  reduces.store(info.reduces, relaxed);
+  root.store(info.root, relaxed);
+  peer.store(info.peer, relaxed);
+  lanes.store(laneCount, relaxed);
+  steps.store(stepCount, relaxed);
+  step.store(0, relaxed);
+  recvPeer.store(-1, relaxed);
+  sendPeer.store(-1, relaxed);
+  waitingSince.store(0, relaxed);
+  name.store(info.name, std::memory_order_release);
+}
+
 std::string OpInfo::describe() const {
   std::string text = format("%s #%llu (count %zu, %s", name, static_cast<unsigned long long>(seq),
                             count, dataTypeName(type));
@@ -396,9 +414,27 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   bool counted = false;  // the clock runs for this idle spell
   bool armed = false;    // the transports hold a snapshot to wait against
   unsigned turns = 0;
+  activity_.start(*lanes->info, lanes->plan->steps.size(), count);
+  // Where this rank waits, for hang reports: the first lane with steps left.
+  auto noteWaiting = [&] {
+    for (size_t i = 0; i < count; ++i) {
+      const Lane& lane = lanes[i];
+      if (lane.step == lane.plan->steps.size()) continue;
+      if (i != 0) activity_.start(*lane.info, lane.plan->steps.size(), count);
+      const algo::Step& step = lane.plan->steps[lane.step];
+      activity_.step.store(lane.step, std::memory_order_relaxed);
+      activity_.recvPeer.store(receives(step.kind) ? step.recvPeer : -1, std::memory_order_relaxed);
+      activity_.sendPeer.store(sends(step.kind) ? step.sendPeer : -1, std::memory_order_relaxed);
+      break;
+    }
+    activity_.waitingSince.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+        std::memory_order_relaxed);
+  };
   auto startIdleClock = [&] {
     idleSince = now = Clock::now();
     if (deadline == Clock::time_point{}) deadline = now + timeout;
+    noteWaiting();
   };
   try {
     for (;;) {
@@ -411,12 +447,18 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         if (!arbiter || arbiter->mayRun(i, lane.plan->steps[lane.step])) moved |= advance(lane);
         finished &= lane.step == lane.plan->steps.size();
       }
-      if (finished && flushed() && allReturned()) return;
+      if (finished && flushed() && allReturned()) {
+        activity_.name.store(nullptr, std::memory_order_relaxed);
+        return;
+      }
       if (aborted.load(std::memory_order_relaxed))
         fail(ErrorCode::Aborted, rank_,
              format("%s: the communicator was aborted", lanes->info->describe().c_str()));
       if (moved) {
-        if (idle) adaptSpin(counted ? now - idleSince : Clock::duration::zero());
+        if (idle) {
+          adaptSpin(counted ? now - idleSince : Clock::duration::zero());
+          if (counted) activity_.waitingSince.store(0, std::memory_order_relaxed);
+        }
         idle = false;
         continue;
       }

@@ -60,8 +60,29 @@ struct Lane {
   size_t done = 0;  // bytes of the current step already moved
 };
 
+// What an executor is doing, for hang reports (core/diagnose.h). The thread
+// running ops writes it with relaxed stores (when an op starts, when it
+// first has to wait, when it ends), never allocating; any thread may read
+// it. A reading taken while it changes may mix two moments.
+struct Activity {
+  std::atomic<const char*> name{nullptr};  // the running op's name, a literal; null: none
+  std::atomic<uint64_t> seq{0};
+  std::atomic<size_t> count{0};
+  std::atomic<int> type{0}, op{0}, root{-1}, peer{-1};
+  std::atomic<bool> reduces{false};
+  std::atomic<size_t> lanes{0};                 // ops running together (a group)
+  std::atomic<size_t> step{0}, steps{0};        // of the op named above
+  std::atomic<int> recvPeer{-1}, sendPeer{-1};  // of that step, -1: none
+  std::atomic<int64_t> waitingSince{0};         // steady-clock ns since epoch; 0: not waiting
+
+  // The op of `info`, from its first step.
+  void start(const OpInfo& info, size_t steps, size_t lanes);
+};
+
 class Executor {
  public:
+  const Activity& activity() const { return activity_; }
+
   // `wiring` outlives the executor. Every message is at most `pieceBytes`
   // (one slot), the same on every rank and every transport. `spinFirst`:
   // an idle wait may busy-spin a few microseconds before it yields the core
@@ -128,6 +149,7 @@ class Executor {
   };
   std::vector<Lent> lent_;
   uint64_t piecesSentByReference_ = 0;
+  Activity activity_;
 };
 
 }  // namespace braid::exec
