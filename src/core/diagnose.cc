@@ -25,9 +25,13 @@ std::string Communicator::Impl::describeState() const {
   const exec::Activity& now = executor->activity();
   const char* name = now.name.load(std::memory_order_acquire);
   if (!name) return text + "no op running";
+  const uint64_t seq = now.seq.load(relaxed);
+  const size_t steps = now.steps.load(relaxed);
+  if (steps == 0)  // it has not had to wait yet
+    return text + format("in %s #%llu, moving data", name, static_cast<unsigned long long>(seq));
   exec::OpInfo info;
   info.name = name;
-  info.seq = now.seq.load(relaxed);
+  info.seq = seq;
   info.count = now.count.load(relaxed);
   info.type = static_cast<DataType>(now.type.load(relaxed));
   info.op = static_cast<ReduceOp>(now.op.load(relaxed));
@@ -37,7 +41,7 @@ std::string Communicator::Impl::describeState() const {
   text += "in " + info.describe();
   if (const size_t lanes = now.lanes.load(relaxed); lanes > 1)
     text += format(" (one of a group of %zu)", lanes);
-  text += format(", step %zu of %zu", now.step.load(relaxed) + 1, now.steps.load(relaxed));
+  text += format(", step %zu of %zu", now.step.load(relaxed) + 1, steps);
   if (const int from = now.recvPeer.load(relaxed); from >= 0)
     text += format(", receiving from rank %d", from);
   if (const int to = now.sendPeer.load(relaxed); to >= 0)

@@ -137,7 +137,7 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
         unflushable_.push_back(wiring_.connections[peer]);
 }
 
-void Activity::start(const OpInfo& info, size_t stepCount, size_t laneCount) {
+void Activity::describe(const OpInfo& info, size_t stepCount, size_t laneCount) {
   constexpr auto relaxed = std::memory_order_relaxed;
   seq.store(info.seq, relaxed);
   count.store(info.count, relaxed);
@@ -414,13 +414,13 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   bool counted = false;  // the clock runs for this idle spell
   bool armed = false;    // the transports hold a snapshot to wait against
   unsigned turns = 0;
-  activity_.start(*lanes->info, lanes->plan->steps.size(), count);
+  activity_.begin(*lanes->info);
   // Where this rank waits, for hang reports: the first lane with steps left.
   auto noteWaiting = [&] {
     for (size_t i = 0; i < count; ++i) {
       const Lane& lane = lanes[i];
       if (lane.step == lane.plan->steps.size()) continue;
-      if (i != 0) activity_.start(*lane.info, lane.plan->steps.size(), count);
+      activity_.describe(*lane.info, lane.plan->steps.size(), count);
       const algo::Step& step = lane.plan->steps[lane.step];
       activity_.step.store(lane.step, std::memory_order_relaxed);
       activity_.recvPeer.store(receives(step.kind) ? step.recvPeer : -1, std::memory_order_relaxed);

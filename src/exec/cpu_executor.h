@@ -75,8 +75,16 @@ struct Activity {
   std::atomic<int> recvPeer{-1}, sendPeer{-1};  // of that step, -1: none
   std::atomic<int64_t> waitingSince{0};         // steady-clock ns since epoch; 0: not waiting
 
-  // The op of `info`, from its first step.
-  void start(const OpInfo& info, size_t steps, size_t lanes);
+  // An op starts: its name and number only (the latency path pays for
+  // little more); steps stays 0 until it first waits.
+  void begin(const OpInfo& info) {
+    seq.store(info.seq, std::memory_order_relaxed);
+    steps.store(0, std::memory_order_relaxed);
+    waitingSince.store(0, std::memory_order_relaxed);
+    name.store(info.name, std::memory_order_release);
+  }
+  // The op of `info` waits: everything about it.
+  void describe(const OpInfo& info, size_t steps, size_t lanes);
 };
 
 class Executor {
