@@ -1,14 +1,6 @@
 // The rendezvous: the root, and the rank side of its protocol.
 //
-// Frames between a rank and the root: a 16-byte header {u32 magic "BRDR",
-// u32 type, u64 payload length}, little-endian, then the payload. A receiver
-// checks the length against the type's limit before it allocates anything.
-//   Register  rank -> root  {u64 secret, u32 nranks, u32 rank,
-//                            u32 remaining timeout ms, address, host id}   at most 4 KiB
-//   Table     root -> rank  {u32 nranks, nranks x (address, host id)}      at most nranks x 4 KiB
-//   Refusal   root -> rank  {u32 error code, message}                      at most 16 KiB
-// An address is {u16 family (4 or 6), u16 port, 16 bytes in network order,
-// u32 IPv6 scope id}; a host id is {u16 length, bytes}, at most 1 KiB.
+// The frames are in bootstrap/wire.h.
 //
 // The root is one thread with one poll() over its listener and every
 // connection that has not registered yet; it reads each without blocking, so
@@ -26,6 +18,7 @@
 #include <thread>
 
 #include "bootstrap/bootstrap.h"
+#include "bootstrap/wire.h"
 #include "core/errors.h"
 #include "core/log.h"
 
@@ -33,22 +26,9 @@ namespace braid::bootstrap {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace wire;
 using net::Clock;
 using std::chrono::milliseconds;
-
-constexpr uint32_t kFrameMagic = 0x52445242;  // "BRDR"
-constexpr uint32_t kRegisterType = 1;
-constexpr uint32_t kTableType = 2;
-constexpr uint32_t kRefusalType = 3;
-constexpr size_t kHeaderBytes = 16;
-
-constexpr uint32_t kMaxRanks = 1u << 20;
-constexpr uint64_t kMaxRegistrationBytes = 4096;
-constexpr uint64_t kMaxTableBytesPerRank = 4096;
-constexpr uint64_t kMaxRefusalBytes = 16384;
-constexpr size_t kMaxHostIdBytes = 1024;
-constexpr uint16_t kFamilyV4 = 4;
-constexpr uint16_t kFamilyV6 = 6;
 
 // A connection that has not sent its whole registration by then is dropped.
 constexpr auto kRegisterWithin = 2s;
@@ -57,158 +37,6 @@ constexpr auto kRegisterWithin = 2s;
 constexpr milliseconds kAnswerMargin = 150ms;
 // How long the root stops accepting when it runs out of file descriptors.
 constexpr auto kAcceptPause = 100ms;
-
-// A frame that breaks the protocol, or a connection the root gives up on.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Builds one frame: the header, then the payload appended field by field.
-class Writer {
- public:
-  explicit Writer(uint32_t type) : bytes_(kHeaderBytes) {
-    store(0, kFrameMagic, 4);
-    store(4, type, 4);
-  }
-
-  void u16(uint64_t value) { append(value, 2); }
-  void u32(uint64_t value) { append(value, 4); }
-  void u64(uint64_t value) { append(value, 8); }
-  void raw(const void* data, size_t bytes) {
-    auto* begin = static_cast<const uint8_t*>(data);
-    bytes_.insert(bytes_.end(), begin, begin + bytes);
-  }
-  void text(const std::string& value) {
-    u16(value.size());
-    raw(value.data(), value.size());
-  }
-  void address(const net::Address& address);
-
-  // The frame, with the payload length in its header.
-  std::vector<uint8_t> finish() {
-    store(8, bytes_.size() - kHeaderBytes, 8);
-    return std::move(bytes_);
-  }
-
- private:
-  void store(size_t at, uint64_t value, size_t bytes) {
-    for (size_t i = 0; i < bytes; ++i) bytes_[at + i] = static_cast<uint8_t>(value >> (8 * i));
-  }
-  void append(uint64_t value, size_t bytes) {
-    bytes_.resize(bytes_.size() + bytes);
-    store(bytes_.size() - bytes, value, bytes);
-  }
-
-  std::vector<uint8_t> bytes_;
-};
-
-void Writer::address(const net::Address& address) {
-  uint8_t bytes[16] = {};
-  uint32_t scope = 0;
-  if (address.family() == AF_INET) {
-    u16(kFamilyV4);
-    std::memcpy(bytes, &reinterpret_cast<const sockaddr_in*>(address.sockaddr_())->sin_addr, 4);
-  } else {
-    auto* in6 = reinterpret_cast<const sockaddr_in6*>(address.sockaddr_());
-    u16(kFamilyV6);
-    std::memcpy(bytes, &in6->sin6_addr, 16);
-    scope = in6->sin6_scope_id;
-  }
-  u16(address.port());
-  raw(bytes, sizeof(bytes));
-  u32(scope);
-}
-
-// Reads a payload field by field; throws ProtocolError instead of reading past
-// its end.
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  explicit Reader(const std::vector<uint8_t>& payload) : Reader(payload.data(), payload.size()) {}
-
-  uint64_t u16() { return load(2); }
-  uint64_t u32() { return load(4); }
-  uint64_t u64() { return load(8); }
-  std::string text(size_t limit) {
-    size_t length = u16();
-    if (length > limit) throw ProtocolError(format("a string of %zu bytes", length));
-    const uint8_t* begin = take(length);
-    return std::string(begin, begin + length);
-  }
-  std::string rest() {
-    size_t length = size_ - at_;
-    const uint8_t* begin = take(length);
-    return std::string(begin, begin + length);
-  }
-  net::Address address();
-  void expectEnd() const {
-    if (at_ != size_) throw ProtocolError("trailing bytes");
-  }
-
- private:
-  const uint8_t* take(size_t bytes) {
-    if (bytes > size_ - at_) throw ProtocolError("truncated frame");
-    const uint8_t* begin = data_ + at_;
-    at_ += bytes;
-    return begin;
-  }
-  uint64_t load(size_t bytes) {
-    const uint8_t* begin = take(bytes);
-    uint64_t value = 0;
-    for (size_t i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(begin[i]) << (8 * i);
-    return value;
-  }
-
-  const uint8_t* data_;
-  size_t size_;
-  size_t at_ = 0;
-};
-
-net::Address Reader::address() {
-  const uint64_t family = u16();
-  const auto port = static_cast<uint16_t>(u16());
-  const uint8_t* bytes = take(16);
-  const auto scope = static_cast<uint32_t>(u32());
-  net::Address address;
-  if (family == kFamilyV4) {
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    std::memcpy(&in.sin_addr, bytes, 4);
-    address = net::Address::fromSockaddr(reinterpret_cast<sockaddr*>(&in), sizeof(in));
-  } else if (family == kFamilyV6) {
-    sockaddr_in6 in6{};
-    in6.sin6_family = AF_INET6;
-    std::memcpy(&in6.sin6_addr, bytes, 16);
-    in6.sin6_scope_id = scope;
-    address = net::Address::fromSockaddr(reinterpret_cast<sockaddr*>(&in6), sizeof(in6));
-  } else {
-    throw ProtocolError("an address of unknown family");
-  }
-  address.setPort(port);
-  return address;
-}
-
-struct FrameHeader {
-  uint32_t type;
-  uint64_t length;
-};
-
-FrameHeader decodeHeader(const std::array<uint8_t, kHeaderBytes>& bytes) {
-  Reader reader(bytes.data(), bytes.size());
-  if (reader.u32() != kFrameMagic) throw ProtocolError("not a braid connection (bad magic)");
-  FrameHeader header;
-  header.type = static_cast<uint32_t>(reader.u32());
-  header.length = reader.u64();
-  return header;
-}
-
-std::vector<uint8_t> encodeRefusal(ErrorCode code, const std::string& why) {
-  Writer writer(kRefusalType);
-  writer.u32(static_cast<uint32_t>(code));
-  writer.raw(why.data(), std::min<size_t>(why.size(), kMaxRefusalBytes - 4));
-  return writer.finish();
-}
 
 // "3", "3, 4", "3-7": one run of missing ranks, as a person would list them.
 void appendRun(std::string* list, int first, int last) {
@@ -391,18 +219,12 @@ void Root::readFrom(Arrival& arrival) {
 // Takes a complete registration: checks it, then the rank is a member (its
 // socket moves out of the arrival) or is refused.
 void Root::enroll(Arrival& arrival) {
-  Reader reader(arrival.payload);
-  if (reader.u64() != secret_) throw ProtocolError("wrong job secret");
-  const uint64_t nranks = reader.u32();
-  const uint64_t rank = reader.u32();
-  const milliseconds timeout(reader.u32());
-  PeerInfo info;
-  info.listen = reader.address();
-  info.hostId = reader.text(kMaxHostIdBytes);
-  reader.expectEnd();
-  if (nranks < 1 || nranks > kMaxRanks)
-    throw ProtocolError(
-        format("nranks %llu is out of range", static_cast<unsigned long long>(nranks)));
+  const Registration registration = decodeRegistration(arrival.payload);
+  if (registration.secret != secret_) throw ProtocolError("wrong job secret");
+  const uint64_t nranks = registration.nranks;
+  const uint64_t rank = registration.rank;
+  const milliseconds timeout = registration.timeout;
+  PeerInfo info = registration.info;
 
   if (rank >= nranks)
     return refuse(
@@ -484,18 +306,6 @@ std::string Root::missingRanks() const {
 
 // --- The rank side -----------------------------------------------------------
 
-std::vector<uint8_t> encodeRegistration(uint64_t secret, int nranks, int rank, milliseconds timeout,
-                                        const PeerInfo& self) {
-  Writer writer(kRegisterType);
-  writer.u64(secret);
-  writer.u32(static_cast<uint32_t>(nranks));
-  writer.u32(static_cast<uint32_t>(rank));
-  writer.u32(static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, UINT32_MAX)));
-  writer.address(self.listen);
-  writer.text(self.hostId.substr(0, kMaxHostIdBytes));
-  return writer.finish();
-}
-
 struct Frame {
   uint32_t type;
   std::vector<uint8_t> payload;
@@ -507,9 +317,7 @@ Frame receiveAnswer(net::Socket& socket, int nranks, net::Deadline deadline,
   std::array<uint8_t, kHeaderBytes> bytes{};
   socket.recvAll(bytes.data(), bytes.size(), deadline, root);
   FrameHeader header = decodeHeader(bytes);
-  uint64_t limit = 0;
-  if (header.type == kTableType) limit = static_cast<uint64_t>(nranks) * kMaxTableBytesPerRank;
-  if (header.type == kRefusalType) limit = kMaxRefusalBytes;
+  const uint64_t limit = header.type == kRegisterType ? 0 : payloadLimit(header.type, nranks);
   if (limit == 0) throw ProtocolError(format("a frame of unknown type %u", header.type));
   if (header.length > limit)
     throw ProtocolError(format("a frame of %llu bytes (the limit is %llu)",
@@ -520,26 +328,11 @@ Frame receiveAnswer(net::Socket& socket, int nranks, net::Deadline deadline,
   return frame;
 }
 
-std::vector<PeerInfo> decodeTable(const std::vector<uint8_t>& payload, int nranks) {
-  Reader reader(payload);
-  const uint64_t count = reader.u32();
-  if (count != static_cast<uint64_t>(nranks))
-    throw ProtocolError(format("a table of %llu ranks for a job of %d",
-                               static_cast<unsigned long long>(count), nranks));
-  std::vector<PeerInfo> table(count);
-  for (PeerInfo& peer : table) {
-    peer.listen = reader.address();
-    peer.hostId = reader.text(kMaxHostIdBytes);
-  }
-  reader.expectEnd();
-  return table;
-}
-
 [[noreturn]] void raiseRefusal(const std::vector<uint8_t>& payload, int rank, milliseconds timeout,
                                const std::string& root) {
-  Reader reader(payload);
-  const auto code = static_cast<ErrorCode>(reader.u32());
-  const std::string why = reader.rest();
+  const Refusal refusal = decodeRefusal(payload);
+  const ErrorCode code = refusal.code;
+  const std::string& why = refusal.why;
   if (code == ErrorCode::Timeout)
     fail(ErrorCode::Timeout, rank,
          format("init timed out after %lld ms: %s", static_cast<long long>(timeout.count()),
