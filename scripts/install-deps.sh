@@ -3,7 +3,8 @@
 # when they are all present already.
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev)
+packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: scripts/fuzz.sh
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (installing and building first when needed).
+# Runs the whole test suite (installing and building first when needed), then
+# each fuzz target for 20 s (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-cd build
-ctest --output-on-failure -j "${BRAID_TEST_JOBS:-2}" "$@"
+(cd build && ctest --output-on-failure -j "${BRAID_TEST_JOBS:-2}" "$@")
+# The parsers of untrusted input under libFuzzer, briefly (BRAID_SKIP_FUZZ=1 skips).
+[ "${BRAID_SKIP_FUZZ:-0}" = 1 ] || scripts/fuzz.sh

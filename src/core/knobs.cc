@@ -130,6 +130,9 @@ std::chrono::milliseconds parseDuration(const std::string& text, const char* wha
   } else {
     badValue(what, text, "a duration such as 30s or 1500ms");
   }
+  // Longer than any deadline braid keeps (a year; see Knobs::resolve), and
+  // far from overflowing the conversion.
+  if (!(ms < 1e15)) badValue(what, text, "a duration of at most 1e15 ms");
   return std::chrono::milliseconds(static_cast<long long>(ms));
 }
 
@@ -151,14 +154,18 @@ size_t parseBytes(const std::string& text, const char* what) {
   } else {
     badValue(what, text, "a size such as 4096 or 16M");
   }
-  return static_cast<size_t>(number * scale);
+  const double bytes = number * scale;
+  if (!(bytes < 9.0e18)) badValue(what, text, "a size below 8 EiB");
+  return static_cast<size_t>(bytes);
 }
 
 long long parseInt(const std::string& text, const char* what) {
   char* end = nullptr;
   errno = 0;
   long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || value < INT_MIN || value > INT_MAX)
+  const bool digitFirst = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                            (text[0] == '-' && text.size() > 1));
+  if (!digitFirst || *end != '\0' || errno == ERANGE || value < INT_MIN || value > INT_MAX)
     badValue(what, text, "an integer in the int range");
   return value;
 }

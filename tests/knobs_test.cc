@@ -1,0 +1,58 @@
+// The knob parsers: what they accept, and that everything else is refused
+// with InvalidArgument naming the knob (tests/fuzz/fuzz_knobs.cc throws
+// arbitrary text at them).
+#include "core/knobs.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "braid/error.h"
+
+namespace braid {
+namespace {
+
+template <typename Parse>
+void expectRefused(const std::string& text, const char* name, Parse parse) {
+  try {
+    parse(text);
+    ADD_FAILURE() << name << " accepted '" << text << "'";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument) << error.what();
+    EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
+  }
+}
+
+TEST(Knobs, SizesAcceptUnitsAndRefuseWhatDoesNotFit) {
+  EXPECT_EQ(parseBytes("4096", "B"), 4096u);
+  EXPECT_EQ(parseBytes("64K", "B"), 65536u);
+  EXPECT_EQ(parseBytes("8KiB", "B"), 8192u);
+  EXPECT_EQ(parseBytes("1.5m", "B"), 1572864u);
+  EXPECT_EQ(parseBytes("2G", "B"), size_t{2} << 30);
+  auto bytes = [](const std::string& text) { return parseBytes(text, "BRAID_X_BYTES"); };
+  const std::string nines(400, '9');
+  // The first found by fuzzing: 2^64 * 10 once overflowed the conversion.
+  for (const char* bad : {"184467440737095516160", "9000000000000000000", "8388608T", "16X", "",
+                          "-1", "K", "1e3", nines.c_str()})
+    expectRefused(bad, "BRAID_X_BYTES", bytes);
+}
+
+TEST(Knobs, DurationsAcceptUnitsAndRefuseWhatDoesNotFit) {
+  EXPECT_EQ(parseDuration("30", "T").count(), 30000);
+  EXPECT_EQ(parseDuration("1500ms", "T").count(), 1500);
+  EXPECT_EQ(parseDuration("2m", "T").count(), 120000);
+  auto duration = [](const std::string& text) { return parseDuration(text, "BRAID_X_TIME"); };
+  const std::string nines(400, '9');
+  for (const char* bad : {"99999999999999999999", "1e9", "5h", "", "ms", nines.c_str()})
+    expectRefused(bad, "BRAID_X_TIME", duration);
+}
+
+TEST(Knobs, IntegersStayInTheIntRange) {
+  EXPECT_EQ(parseInt("-12", "I"), -12);
+  auto integer = [](const std::string& text) { return parseInt(text, "BRAID_X_INT"); };
+  for (const char* bad : {"2147483648", "-2147483649", "12a", "", " 1", "+1", "-"})
+    expectRefused(bad, "BRAID_X_INT", integer);
+}
+
+}  // namespace
+}  // namespace braid
