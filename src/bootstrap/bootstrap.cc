@@ -15,6 +15,7 @@
 #include <fstream>
 #include <string_view>
 
+#include "bootstrap/wire.h"
 #include "core/errors.h"
 #include "core/log.h"
 
@@ -35,8 +36,8 @@ constexpr size_t kIdFamilyAt = 6;
 constexpr size_t kIdPortAt = 8;
 constexpr size_t kIdAddressAt = 10;
 constexpr size_t kIdSecretAt = 26;
-constexpr uint16_t kFamilyV4 = 4;
-constexpr uint16_t kFamilyV6 = 6;
+using wire::kFamilyV4;  // the address families as the frames number them
+using wire::kFamilyV6;
 
 // Frames between ranks: a 16-byte header {u32 magic "BRDP", u32 type, u64
 // payload length}, little-endian, then the payload.

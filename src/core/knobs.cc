@@ -114,6 +114,14 @@ std::pair<std::string, std::string> lookup(const KnobInfo& info) {
   return {info.defaultValue, "default"};
 }
 
+// A knob that is 0 or 1.
+bool flag(const char* name) {
+  const long long value = parseInt(lookup(knob(name)).first, name);
+  if (value != 0 && value != 1)
+    throw Error(ErrorCode::InvalidArgument, format("braid: %s: %lld is not 0 or 1", name, value));
+  return value == 1;
+}
+
 }  // namespace
 
 std::chrono::milliseconds parseDuration(const std::string& text, const char* what) {
@@ -211,18 +219,8 @@ Knobs Knobs::resolve(const Config& config) {
     throw Error(
         ErrorCode::InvalidArgument,
         format("braid: BRAID_TUNING: '%s' is not measured, model or fixed", tuning.c_str()));
-  const long long deterministic =
-      parseInt(lookup(knob("BRAID_DETERMINISTIC")).first, "BRAID_DETERMINISTIC");
-  if (deterministic != 0 && deterministic != 1)
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid: BRAID_DETERMINISTIC: %lld is not 0 or 1", deterministic));
-  knobs.deterministic = deterministic == 1;
-  const long long dump =
-      parseInt(lookup(knob("BRAID_DUMP_ON_TIMEOUT")).first, "BRAID_DUMP_ON_TIMEOUT");
-  if (dump != 0 && dump != 1)
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid: BRAID_DUMP_ON_TIMEOUT: %lld is not 0 or 1", dump));
-  knobs.dumpOnTimeout = dump == 1;
+  knobs.deterministic = flag("BRAID_DETERMINISTIC");
+  knobs.dumpOnTimeout = flag("BRAID_DUMP_ON_TIMEOUT");
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.
