@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -762,6 +763,69 @@ TEST(Transports, SameHostPeersUseSharedMemoryAndLeaveNothingInDevShm) {
     requireUsable(comm);
     require(segmentsOf(comm).empty(), "a shared-memory segment is still named in /dev/shm");
   });
+}
+
+// kill -9 a rank at 20 random moments of a loop of all-reduces, all-gathers
+// and broadcasts: every survivor's op fails with RemoteError naming the dead
+// rank (directly, or as the rank another survivor gave up on) within 2 s of
+// the death; none hangs; nothing is left in /dev/shm.
+TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
+  constexpr int kRanks = 4;
+  using std::chrono::nanoseconds;
+  // When the victim died, on the machine-wide steady clock: shared with the
+  // forked ranks.
+  void* shared = ::mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* diedAt = new (shared) std::atomic<int64_t>(0);
+  auto nowNs = [] {
+    return std::chrono::duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
+  };
+  std::mt19937 moments(20261129);
+  for (int moment = 0; moment < 20; ++moment) {
+    const int victim = static_cast<int>(moments() % kRanks);
+    const auto delay = std::chrono::microseconds(moments() % 30000);
+    diedAt->store(0);
+    RunOptions options;
+    options.killed = {victim};
+    options.deadline = std::chrono::seconds(30);
+    runRanks(
+        kRanks,
+        [&](Communicator& comm) {
+          const size_t count = 1 << 16;
+          std::vector<float> in(count, 1.0f), out(count * kRanks);
+          comm.barrier();
+          if (comm.rank() == victim)
+            std::thread([&] {
+              std::this_thread::sleep_for(delay);
+              diedAt->store(nowNs());
+              ::kill(::getpid(), SIGKILL);
+            }).detach();
+          try {
+            for (int n = 0;; ++n) {
+              if (n % 3 == 0)
+                comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+              else if (n % 3 == 1)
+                comm.allGather(in.data(), out.data(), count, DataType::Float32);
+              else
+                comm.broadcast(in.data(), out.data(), count, DataType::Float32, n % kRanks);
+            }
+          } catch (const Error& error) {
+            const int64_t now = nowNs(), died = diedAt->load();
+            const std::string what = error.what();
+            require(error.code() == ErrorCode::RemoteError, "expected RemoteError: " + what);
+            require(what.find(format("peer %d ", victim)) != std::string::npos ||
+                        what.find(format("rank %d failed", victim)) != std::string::npos,
+                    format("moment %d: the error does not name rank %d: ", moment, victim) + what);
+            require(died > 0 && now - died < 2'000'000'000,
+                    format("moment %d: failed %.3f s after the death", moment, (now - died) / 1e9));
+            require(segmentsOf(comm).empty(), "a shared-memory segment is left in /dev/shm");
+          }
+        },
+        options);
+    if (::testing::Test::HasFailure()) break;
+  }
+  ::munmap(shared, sizeof(std::atomic<int64_t>));
 }
 
 TEST(Transports, UnknownTransportIsRejectedNamingIt) {

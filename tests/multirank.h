@@ -26,6 +26,8 @@ struct RunOptions {
   Config config = loopbackConfig();
   // Ranks listed here are not started (to test a rank that never shows up).
   std::vector<int> absent;
+  // Ranks listed here are expected to die by SIGKILL (to test peer death).
+  std::vector<int> killed;
   // The job id; empty makes a new one in this process.
   std::optional<UniqueId> id;
   // Runs first in each rank's process (e.g. to enter a network namespace).

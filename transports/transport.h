@@ -84,6 +84,9 @@ class Connection {
   // and destroyed its communicator looks like this, so it is an error only
   // for an op that still waits for that peer.
   virtual bool peerClosed() const = 0;
+  // Once peerClosed(): the rank the peer named as failed when it gave up
+  // (Transport::announceFailure), or -1 when the peer closed or died itself.
+  virtual int failedRank() const { return -1; }
 };
 
 // One transport instance per communicator; it owns its connections.
@@ -119,6 +122,13 @@ class Transport {
   // Blocks until progress() might move something (anything changed since
   // prepareToWait()), or until `until`.
   virtual void waitForActivity(Clock::time_point until) = 0;
+  // This rank gives up on the communicator because rank `failedRank` failed
+  // (-1: for another reason): every peer sees its connection closed, with
+  // failedRank() saying why, so that each can name the rank to blame. Best
+  // effort and quick; nothing is sent on these connections afterwards.
+  virtual void announceFailure(int failedRank) { (void)failedRank; }
+  // The peer whose connection failed, after progress() threw; -1 if none.
+  virtual int failedPeer() const { return -1; }
 };
 
 }  // namespace braid::transport

@@ -254,6 +254,12 @@ void Communicator::Impl::recordFailure(const Error& error) {
   failed.store(true, std::memory_order_release);
 }
 
+void Communicator::Impl::giveUp(int blamed) {
+  if (gaveUp) return;
+  gaveUp = true;
+  for (auto& transport : wiring.transports) transport->announceFailure(blamed);
+}
+
 void Communicator::Impl::dropGroup(std::exception_ptr error) {
   for (PendingOp& op : group) {
     {
@@ -336,11 +342,13 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
       diagnose::report(*this, "timed out");
     recordFailure(error);
+    giveUp(executor->blamedRank());
     failure = std::current_exception();
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
     Error internal(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
                                                ops[0].info.describe().c_str(), error.what()));
     recordFailure(internal);
+    giveUp(-1);
     failure = std::make_exception_ptr(internal);
   }
   if (failure) {

@@ -73,6 +73,10 @@ struct Communicator::Impl {
   // Throws the sticky failure, if any (every later op fails fast with it).
   void throwIfFailed() const;
   void recordFailure(const Error& error);
+  // After a failed op: every peer is told this rank is out because of rank
+  // `blamed` (-1: unknown), once, so that each fails at once and names it.
+  void giveUp(int blamed);
+  bool gaveUp = false;  // touched only by the thread that runs ops
   // Completes the Work of every op of the open group with `error` and
   // forgets them.
   void dropGroup(std::exception_ptr error);

@@ -313,6 +313,13 @@ bool Executor::advance(Lane& lane) {
 }
 
 void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
+  const int failed = wiring_.connections[peer]->failedRank();
+  blamed_ = failed >= 0 ? failed : peer;
+  if (failed >= 0 && failed != peer)
+    fail(ErrorCode::RemoteError, rank_,
+         format("%s: rank %d failed: peer %d gave up on it and closed its connection while this "
+                "rank %s",
+                lane.info->describe().c_str(), failed, peer, doing));
   fail(ErrorCode::RemoteError, rank_,
        format("%s: peer %d closed its connection while this rank %s (the peer exited, failed or "
               "destroyed its communicator)",
@@ -376,6 +383,7 @@ void Executor::failStalled(const Lane* lanes, size_t count, std::chrono::millise
   if (stuck->step < stuck->plan->steps.size()) {
     const algo::Step& step = stuck->plan->steps[stuck->step];
     bool waitingToReceive = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
+    blamed_ = waitingToReceive ? step.recvPeer : step.sendPeer;
     where = waitingToReceive ? format("at step %zu of %zu, waiting for data from rank %d",
                                       stuck->step + 1, stuck->plan->steps.size(), step.recvPeer)
                              : format("at step %zu of %zu, waiting for rank %d to take data",
@@ -393,6 +401,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   // waits costs no clock read. Time spent before that counts as progress.
   Clock::time_point deadline{};
   lent_.clear();  // a failed op's leftovers: its peers failed too
+  blamed_ = -1;
   // Each lane's scratch: kScratchBytes, or what its plan asks for. The area
   // only grows, so a repeated op allocates nothing.
   auto scratchOf = [&](size_t i) {
@@ -505,6 +514,8 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   } catch (const Error& error) {
     // Transports throw without context; name this rank and the op here.
     if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
+    for (const transport::Transport* transport : active_)
+      if (blamed_ < 0) blamed_ = transport->failedPeer();
     const Lane* current = lanes;
     for (size_t i = 0; i < count; ++i)
       if (lanes[i].step < lanes[i].plan->steps.size()) current = &lanes[i];

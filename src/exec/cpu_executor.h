@@ -103,6 +103,9 @@ class Executor {
   // Whether any lane's regions could be used: worth looking them up.
   bool usesReferences() const { return referenceBytes_ != 0; }
   uint64_t piecesSentByReference() const { return piecesSentByReference_; }
+  // After run() threw: the rank to blame (the peer that failed, or the one a
+  // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
+  int blamedRank() const { return blamed_; }
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -158,6 +161,7 @@ class Executor {
   std::vector<Lent> lent_;
   uint64_t piecesSentByReference_ = 0;
   Activity activity_;
+  int blamed_ = -1;
 };
 
 }  // namespace braid::exec

@@ -92,9 +92,10 @@ struct SegmentHeader {
   uint32_t fifos;
   uint32_t slots;
   uint64_t slotBytes;
-  int32_t pid;                   // the owner, for liveness checks
-  int32_t probeFd;               // an fd the owner holds open while peers connect (see create)
-  std::atomic<uint32_t> closed;  // set when the owner destroyed its transport
+  int32_t pid;                      // the owner, for liveness checks
+  int32_t probeFd;                  // an fd the owner holds open while peers connect (see create)
+  std::atomic<uint32_t> closed;     // set when the owner destroyed its transport or gave up
+  std::atomic<int32_t> failedRank;  // whom the owner blamed when it gave up (-1: nobody)
   // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
   alignas(kLine) std::atomic<uint32_t> doorbell;
@@ -311,6 +312,10 @@ class ShmConnection final : public Connection {
   bool peerClosed() const override {
     return dead_ || peerHeader_->closed.load(std::memory_order_acquire) != 0;
   }
+  // (Readable after the peer's death: its segment stays mapped here.)
+  int failedRank() const override {
+    return peerHeader_->failedRank.load(std::memory_order_acquire);
+  }
   // The peer's process is gone (it cannot have closed cleanly).
   void checkAlive() {
     if (!dead_ && ::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
@@ -411,14 +416,14 @@ class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(int nranks) : byRank_(nranks, nullptr) {}
   ~ShmTransport() override {
-    // Tell the peers, and wake any that sleep waiting for this rank.
-    if (SegmentHeader* mine = own_.header()) {
-      mine->closed.store(1, std::memory_order_seq_cst);
-      mine->doorbell.fetch_add(1, std::memory_order_seq_cst);
-      futex(&mine->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
-    }
-    for (auto& connection : connections_) connection->wakePeer();
+    close();
     closeProbe();
+  }
+
+  void announceFailure(int failedRank) override {
+    if (SegmentHeader* mine = own_.header())
+      mine->failedRank.store(failedRank, std::memory_order_release);
+    close();
   }
 
   const char* name() const override { return "shm"; }
@@ -456,6 +461,16 @@ class ShmTransport final : public Transport {
       lastLivenessCheck_ = Clock::now();
       for (auto& connection : connections_) connection->checkAlive();
     }
+  }
+
+  // Tells the peers this rank is gone, and wakes any that sleep waiting for it.
+  void close() {
+    if (SegmentHeader* mine = own_.header()) {
+      mine->closed.store(1, std::memory_order_seq_cst);
+      mine->doorbell.fetch_add(1, std::memory_order_seq_cst);
+      futex(&mine->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+    for (auto& connection : connections_) connection->wakePeer();
   }
 
   void closeProbe() {
@@ -520,6 +535,7 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   header->pid = static_cast<int32_t>(::getpid());
   header->probeFd = fd;
   header->cpu.store(-1, std::memory_order_relaxed);
+  header->failedRank.store(-1, std::memory_order_relaxed);
   auto* bytes = static_cast<std::byte*>(base);
   auto* controls = reinterpret_cast<FifoControl*>(bytes + layout.controls);
   for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};

@@ -22,6 +22,9 @@ struct FrameHeader {
   uint32_t bytes;
   uint32_t tag;
 };
+// A header whose `bytes` has this bit is the sender's last word: it gives up
+// because the rank in the other bits failed (all ones: for another reason).
+constexpr uint32_t kGivingUp = 0x80000000u;
 
 class TcpConnection final : public Connection {
  public:
@@ -51,6 +54,7 @@ class TcpConnection final : public Connection {
   }
   bool flushed() const override { return sendWritten_ == sendPosted_; }
   bool peerClosed() const override { return closed_; }
+  int failedRank() const override { return failedRank_; }
 
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];
@@ -81,7 +85,21 @@ class TcpConnection final : public Connection {
     ssize_t sent = ::sendmsg(socket_.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
-      failPeer(format("sending to peer %d failed: %s", peer_, std::strerror(errno)));
+      const int error = errno;
+      // A peer that gave up said why before it closed: read that first, so
+      // that the op fails naming the rank it blamed.
+      try {
+        while (!closed_ && pumpRecv()) {
+        }
+      } catch (const Error&) {
+      }
+      if (closed_ && failure_.empty()) {
+        sendWritten_ = sendPosted_;  // nobody will read them
+        sendOffset_ = 0;
+        return true;
+      }
+      failure_.clear();
+      failPeer(format("sending to peer %d failed: %s", peer_, std::strerror(error)));
     }
     size_t left = static_cast<size_t>(sent) + sendOffset_;
     while (sendWritten_ != sendPosted_) {
@@ -105,6 +123,13 @@ class TcpConnection final : public Connection {
         moved = true;
         headerRead_ += got;
         if (headerRead_ < sizeof(FrameHeader)) continue;
+        if (header_.bytes & kGivingUp) {
+          const uint32_t rank = header_.bytes & ~kGivingUp;
+          failedRank_ = rank == ~kGivingUp ? -1 : static_cast<int>(rank);
+          closed_ = true;
+          headerRead_ = 0;
+          return true;
+        }
         if (header_.bytes > slotBytes_)
           failPeer(format("peer %d sent a %u-byte frame, larger than a %zu-byte slot", peer_,
                           header_.bytes, slotBytes_));
@@ -123,6 +148,39 @@ class TcpConnection final : public Connection {
       headerRead_ = 0;
     }
     return moved;
+  }
+
+  // The last word to the peer: finishes the frame partly on the wire (the
+  // peer could not parse past it otherwise), drops the other unsent ones,
+  // sends the giving-up header and shuts down this direction. Waits at most
+  // until `deadline` for the socket to take it.
+  void giveUp(int failedRank, Clock::time_point deadline) {
+    if (!failure_.empty()) {  // broken already: nobody to tell
+      ::shutdown(socket_.fd(), SHUT_WR);
+      return;
+    }
+    sendPosted_ = sendWritten_ + (sendOffset_ > 0 ? 1 : 0);
+    const FrameHeader last{
+        kGivingUp | (failedRank < 0 ? ~kGivingUp : static_cast<uint32_t>(failedRank)), 0};
+    const auto* bytes = reinterpret_cast<const std::byte*>(&last);
+    size_t sent = 0;
+    try {
+      while (Clock::now() < deadline) {
+        if (wantsToSend()) {
+          pumpSend();
+        } else {
+          const ssize_t n =
+              ::send(socket_.fd(), bytes + sent, sizeof(last) - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n > 0) sent += static_cast<size_t>(n);
+          if (sent == sizeof(last) || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+        }
+        pollfd ready{socket_.fd(), POLLOUT, 0};
+        ::poll(&ready, 1, 10);
+      }
+    } catch (const Error&) {
+      // The peer is gone too.
+    }
+    ::shutdown(socket_.fd(), SHUT_WR);
   }
 
   [[noreturn]] void failPeer(const std::string& why) {
@@ -183,6 +241,7 @@ class TcpConnection final : public Connection {
   size_t payloadRead_ = 0;
 
   bool closed_ = false;     // the peer closed its end
+  int failedRank_ = -1;     // whom the peer blamed when it gave up
   std::vector<iovec> iov_;  // preallocated: no allocation per send
   std::string failure_;
 };
@@ -203,13 +262,17 @@ class TcpTransport final : public Transport {
   bool progress() override {
     bool moved = false;
     for (auto& connection : connections_)
-      if (!connection->failure().empty())
+      if (!connection->failure().empty()) {
+        failedPeer_ = connection->peer();
         throw Error(ErrorCode::RemoteError, connection->failure());
+      }
     if (connections_.size() <= kPollGate) {
       for (auto& connection : connections_) {
+        failedPeer_ = connection->peer();  // if a pump throws, this one failed
         moved |= connection->pumpSend();
         moved |= connection->pumpRecv();
       }
+      failedPeer_ = -1;
       return moved;
     }
     // Many peers: one poll() finds the sockets worth a send or recv call,
@@ -219,10 +282,19 @@ class TcpTransport final : public Transport {
     if (::ppoll(pollFds_.data(), pollFds_.size(), &now, nullptr) <= 0) return false;
     for (size_t i = 0; i < connections_.size(); ++i) {
       const short ready = pollFds_[i].revents;
+      failedPeer_ = connections_[i]->peer();
       if (ready & (POLLOUT | POLLERR | POLLHUP)) moved |= connections_[i]->pumpSend();
       if (ready & (POLLIN | POLLERR | POLLHUP)) moved |= connections_[i]->pumpRecv();
     }
+    failedPeer_ = -1;
     return moved;
+  }
+
+  int failedPeer() const override { return failedPeer_; }
+
+  void announceFailure(int failedRank) override {
+    const Clock::time_point deadline = Clock::now() + kGiveUpWithin;
+    for (auto& connection : connections_) connection->giveUp(failedRank, deadline);
   }
 
   void waitForActivity(Clock::time_point until) override {
@@ -241,6 +313,9 @@ class TcpTransport final : public Transport {
   // Up to this many peers, progress() tries each socket directly.
   static constexpr size_t kPollGate = 2;
   static constexpr std::chrono::microseconds kIdlePause{200};
+  // How long announceFailure() may take, over all connections.
+  static constexpr std::chrono::milliseconds kGiveUpWithin{200};
+  int failedPeer_ = -1;
 
   // Sets each socket's poll events from what its connection can do now.
   // Returns false when no socket has anything to wait for.
