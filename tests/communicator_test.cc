@@ -828,6 +828,96 @@ TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
   ::munmap(shared, sizeof(std::atomic<int64_t>));
 }
 
+// abort() from another thread unblocks an op that waits for a rank that is
+// not coming, within a second; the late rank then fails (at the latest on
+// its next op) naming the rank that aborted, instead of waiting for it.
+TEST(PeerFailure, AbortFromAnotherThreadUnblocksAWaitingOpWithinASecond) {
+  runRanks(2, [](Communicator& comm) {
+    std::vector<float> buf(1024, 1.0f);
+    comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(milliseconds(1500));
+      // The first op may still complete from what rank 0 sent before it
+      // aborted; the next cannot.
+      requireError(
+          [&] {
+            for (int i = 0; i < 2; ++i)
+              comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+          },
+          ErrorCode::RemoteError, "peer 0 closed");
+      return;
+    }
+    steady_clock::time_point abortedAt;
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(milliseconds(300));
+      abortedAt = steady_clock::now();
+      comm.abort();
+    });
+    requireError(
+        [&] {
+          comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+        },
+        ErrorCode::Aborted, "aborted");
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - abortedAt);
+    aborter.join();
+    require(took < milliseconds(1000),
+            format("unblocked %lld ms after abort()", static_cast<long long>(took.count())));
+  });
+}
+
+// Threads and file descriptors of this process.
+std::pair<size_t, size_t> threadsAndFds() {
+  auto count = [](const char* path) {
+    size_t n = 0;
+    if (DIR* dir = ::opendir(path)) {
+      while (dirent* entry = ::readdir(dir)) n += entry->d_name[0] != '.';
+      ::closedir(dir);
+    }
+    return n;
+  };
+  return {count("/proc/self/task"), count("/proc/self/fd")};
+}
+
+// A communicator destroyed after a failure leaves no thread, file descriptor
+// or segment behind: three rounds each split a new communicator off a base
+// one, run an async op on it (starting its progress thread), fail it (rank 1
+// aborts; the others' op fails naming it) and destroy it; the counts after
+// every round equal those after the first. (The first round may also start
+// the process's hang-report thread and its pipe, kept for the process's
+// life.)
+TEST(PeerFailure, DestroyingAFailedCommunicatorLeavesNothingBehind) {
+  runRanks(3, [](Communicator& base) {
+    std::pair<size_t, size_t> afterFirst{};
+    for (int round = 0; round < 3; ++round) {
+      {
+        Communicator comm = base.split(0, base.rank());
+        std::vector<float> buf(1 << 16, 1.0f);
+        comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum,
+                       Stream::async())
+            .wait();
+        if (comm.rank() == 1) {
+          comm.abort();
+          requireError([&] { comm.barrier(); }, ErrorCode::Aborted, "aborted");
+        } else {
+          requireError(
+              [&] {
+                comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32,
+                               ReduceOp::Sum);
+              },
+              ErrorCode::RemoteError, "peer ");
+        }
+        require(segmentsOf(comm).empty(), "a segment is left in /dev/shm");
+      }
+      base.barrier();  // every rank destroyed its communicator
+      const auto counts = threadsAndFds();
+      if (round == 0) afterFirst = counts;
+      require(counts == afterFirst,
+              format("round %d: %zu threads and %zu fds, after the first round %zu and %zu", round,
+                     counts.first, counts.second, afterFirst.first, afterFirst.second));
+    }
+  });
+}
+
 TEST(Transports, UnknownTransportIsRejectedNamingIt) {
   RunOptions options;
   options.config.transports = "carrier-pigeon";
