@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <future>
 #include <mutex>
@@ -574,8 +575,8 @@ std::string rootHeader(uint64_t length) {
 
 // Opens `count` connections to `to` that misbehave in turn: garbage, a
 // registration with the wrong secret, an oversized length, a partial header,
-// and nothing at all. Returns them, still open.
-std::vector<net::Socket> openStrangers(const net::Address& to, int count) {
+// and nothing at all (starting with the `first`th). Returns them, still open.
+std::vector<net::Socket> openStrangers(const net::Address& to, int count, int first = 0) {
   const std::vector<std::string> sends = {
       std::string(64, '\xab'),
       rootHeader(40) + std::string(40, '\x5a'),  // secret 0x5a5a... is not the job's
@@ -592,7 +593,7 @@ std::vector<net::Socket> openStrangers(const net::Address& to, int count) {
       break;  // the root finished its job and is gone
     }
     try {
-      const std::string& bytes = sends[static_cast<size_t>(i) % sends.size()];
+      const std::string& bytes = sends[static_cast<size_t>(first + i) % sends.size()];
       socket.sendAll(bytes.data(), bytes.size(), after(200ms), "the root");
     } catch (const Error&) {
       // The root dropped it already.
@@ -635,6 +636,46 @@ TEST(Bootstrap, StrangersAtTheRootDoNotStopARealJobFromJoining) {
     EXPECT_EQ(*outcome.value, (std::vector<int>{40, 41}));
   }
   ASSERT_EQ(during.wait_for(10s), std::future_status::ready);
+}
+
+// 10,000 bogus connections, 64 open at a time, each misbehaving in turn
+// (garbage, wrong secret, oversized length, partial header, silence), do
+// not stop a 3-rank job from initializing: the job joins once 9,900 have
+// come, while the rest keep coming.
+TEST(Bootstrap, TenThousandBogusConnectionsDoNotStopARealJob) {
+  const UniqueId id = startJob();
+  const IdContents job = decodeId(id);
+  std::atomic<int> made{0};
+  auto flood = std::async(std::launch::async, [&, root = job.root] {
+    std::deque<net::Socket> open;
+    while (made < 10000) {
+      std::vector<net::Socket> one = openStrangers(root, 1, made);
+      if (one.empty()) break;  // the root served the job and left
+      ++made;
+      open.push_back(std::move(one[0]));
+      if (open.size() > 64) open.pop_front();
+    }
+  });
+  const auto start = Clock::now();
+  while (made < 9900 && Clock::now() - start < 60s) std::this_thread::sleep_for(1ms);
+  ASSERT_GE(made.load(), 9900) << "the flood stalled: the root stopped accepting";
+  auto outcomes = runRanks<std::vector<int>>(
+      3,
+      [id](int rank) {
+        const net::Deadline deadline = after(20s);
+        auto bootstrap = Bootstrap::join(id, 3, rank, net::Address::loopback(), deadline);
+        std::vector<int> values{-1, -1, -1};
+        values[static_cast<size_t>(rank)] = rank + 7;
+        bootstrap->allGather(values.data(), sizeof(int), deadline);
+        return values;
+      },
+      25s);
+  ASSERT_EQ(outcomes.size(), 3u);
+  for (const auto& outcome : outcomes) {
+    ASSERT_TRUE(outcome.value) << messageOf(outcome.error);
+    EXPECT_EQ(*outcome.value, (std::vector<int>{7, 8, 9}));
+  }
+  ASSERT_EQ(flood.wait_for(30s), std::future_status::ready);
 }
 
 TEST(Bootstrap, RootClosesGarbageAtOnceAndSilentConnectionsAfterTwoSeconds) {
