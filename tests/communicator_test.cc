@@ -828,6 +828,57 @@ TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
   ::munmap(shared, sizeof(std::atomic<int64_t>));
 }
 
+// SIGSTOP a rank in the middle of a loop of all-reduces: it neither fails nor
+// closes anything, so the others time out: every one fails with Timeout
+// within the timeout and its grace, and the ranks that waited for it name
+// it. (A rank that waited for another waiting rank names that one when both
+// time out at the same moment: see the closing note of issue 5.)
+TEST(PeerFailure, AStoppedRankMakesTheOthersTimeOutNamingIt) {
+  constexpr int kRanks = 4, kStopped = 2;
+  struct Shared {
+    std::atomic<pid_t> stopped;
+    std::atomic<int> done, named;
+  };
+  void* memory =
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  auto* shared = new (memory) Shared{{0}, {0}, {0}};
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  RunOptions options;
+  options.killed = {kStopped};
+  options.deadline = std::chrono::seconds(30);
+  runRanks(
+      kRanks,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 14, 1.0f);
+        steady_clock::time_point last = steady_clock::now();
+        try {
+          for (int i = 0;; ++i) {
+            if (comm.rank() == kStopped && i == 50) {
+              shared->stopped = ::getpid();
+              ::raise(SIGSTOP);  // until the others have checked; then SIGKILL
+            }
+            comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+            last = steady_clock::now();
+          }
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          require(error.code() == ErrorCode::Timeout, "expected Timeout: " + what);
+          const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - last);
+          require(took < milliseconds(2500),
+                  format("failed %lld ms after the last op", static_cast<long long>(took.count())));
+          if (what.find(format("rank %d", kStopped)) != std::string::npos) ++shared->named;
+        }
+        if (++shared->done == kRanks - 1) {
+          require(shared->named > 0, format("no rank named rank %d", kStopped));
+          ::kill(shared->stopped, SIGKILL);
+        }
+      },
+      options);
+  ::unsetenv("BRAID_TIMEOUT");
+  ::munmap(memory, sizeof(Shared));
+}
+
 // abort() from another thread unblocks an op that waits for a rank that is
 // not coming, within a second; the late rank then fails (at the latest on
 // its next op) naming the rank that aborted, instead of waiting for it.

@@ -87,6 +87,8 @@ class Connection {
   // Once peerClosed(): the rank the peer named as failed when it gave up
   // (Transport::announceFailure), or -1 when the peer closed or died itself.
   virtual int failedRank() const { return -1; }
+  // Whether the peer gave up because it timed out waiting for failedRank().
+  virtual bool peerTimedOut() const { return false; }
 };
 
 // One transport instance per communicator; it owns its connections.
@@ -123,10 +125,11 @@ class Transport {
   // prepareToWait()), or until `until`.
   virtual void waitForActivity(Clock::time_point until) = 0;
   // This rank gives up on the communicator because rank `failedRank` failed
-  // (-1: for another reason): every peer sees its connection closed, with
-  // failedRank() saying why, so that each can name the rank to blame. Best
-  // effort and quick; nothing is sent on these connections afterwards.
-  virtual void announceFailure(int failedRank) { (void)failedRank; }
+  // (-1: for another reason), or stopped answering (`timedOut`): every peer
+  // sees its connection closed, with failedRank() and peerTimedOut() saying
+  // why, so that each can name the rank to blame. Best effort and quick;
+  // nothing is sent on these connections afterwards.
+  virtual void announceFailure(int failedRank, bool timedOut) { (void)failedRank, (void)timedOut; }
   // The peer whose connection failed, after progress() threw; -1 if none.
   virtual int failedPeer() const { return -1; }
 };

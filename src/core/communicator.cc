@@ -257,7 +257,8 @@ void Communicator::Impl::recordFailure(const Error& error) {
 void Communicator::Impl::giveUp(int blamed) {
   if (gaveUp) return;
   gaveUp = true;
-  for (auto& transport : wiring.transports) transport->announceFailure(blamed);
+  for (auto& transport : wiring.transports)
+    transport->announceFailure(blamed, executor->blamedTimedOut());
 }
 
 void Communicator::Impl::dropGroup(std::exception_ptr error) {

@@ -15,7 +15,9 @@ namespace braid {
 const std::vector<KnobInfo>& knobTable() {
   static const std::vector<KnobInfo> table = {
       {"BRAID_TIMEOUT", "duration", "300s",
-       "deadline of every wait (init, each op, destroy); a bare number is seconds", nullptr},
+       "deadline of every wait (init, each op, destroy); a bare number is seconds; an op "
+       "waits a quarter more (at most 1 s) for a peer to say whom it blames",
+       nullptr},
       {"BRAID_TRANSPORT", "list", "",
        "ordered transports to use, e.g. \"tcp\"; empty picks the best per peer", nullptr},
       {"BRAID_SOCKET_IFNAME", "string", "",

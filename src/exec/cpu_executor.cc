@@ -315,6 +315,12 @@ bool Executor::advance(Lane& lane) {
 void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
   const int failed = wiring_.connections[peer]->failedRank();
   blamed_ = failed >= 0 ? failed : peer;
+  blamedTimedOut_ = failed >= 0 && wiring_.connections[peer]->peerTimedOut();
+  if (blamedTimedOut_)
+    fail(ErrorCode::Timeout, rank_,
+         format("%s: rank %d stopped answering: peer %d timed out waiting for it and gave up, "
+                "while this rank %s",
+                lane.info->describe().c_str(), failed, peer, doing));
   if (failed >= 0 && failed != peer)
     fail(ErrorCode::RemoteError, rank_,
          format("%s: rank %d failed: peer %d gave up on it and closed its connection while this "
@@ -370,7 +376,7 @@ void Executor::adaptSpin(Clock::duration waited) {
   }
 }
 
-void Executor::failStalled(const Lane* lanes, size_t count, std::chrono::milliseconds timeout) {
+void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration waited) {
   const Lane* stuck = lanes;
   for (size_t i = 0; i < count; ++i)
     if (lanes[i].step < lanes[i].plan->steps.size()) {
@@ -384,24 +390,28 @@ void Executor::failStalled(const Lane* lanes, size_t count, std::chrono::millise
     const algo::Step& step = stuck->plan->steps[stuck->step];
     bool waitingToReceive = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
     blamed_ = waitingToReceive ? step.recvPeer : step.sendPeer;
+    blamedTimedOut_ = true;
     where = waitingToReceive ? format("at step %zu of %zu, waiting for data from rank %d",
                                       stuck->step + 1, stuck->plan->steps.size(), step.recvPeer)
                              : format("at step %zu of %zu, waiting for rank %d to take data",
                                       stuck->step + 1, stuck->plan->steps.size(), step.sendPeer);
   }
-  auto waited = timeout;
   fail(ErrorCode::Timeout, rank_,
        format("%s timed out after %lld ms %s", stuck->info->describe().c_str(),
-              static_cast<long long>(waited.count()), where.c_str()));
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()),
+              where.c_str()));
 }
 
 void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
                    const std::atomic<bool>& aborted) {
   // The clock is read only once the op first has to wait: an op that never
   // waits costs no clock read. Time spent before that counts as progress.
-  Clock::time_point deadline{};
+  Clock::time_point deadline{}, waitStart{};
+  bool inGrace = false;
   lent_.clear();  // a failed op's leftovers: its peers failed too
   blamed_ = -1;
+  blamedTimedOut_ = false;
   // Each lane's scratch: kScratchBytes, or what its plan asks for. The area
   // only grows, so a repeated op allocates nothing.
   auto scratchOf = [&](size_t i) {
@@ -442,7 +452,10 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   };
   auto startIdleClock = [&] {
     idleSince = now = Clock::now();
-    if (deadline == Clock::time_point{}) deadline = now + timeout;
+    if (deadline == Clock::time_point{}) {
+      waitStart = now;
+      deadline = now + timeout;
+    }
     noteWaiting();
   };
   try {
@@ -491,7 +504,17 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
       } else if ((turns & 15) == 0) {
         now = Clock::now();
       }
-      if (now >= deadline) failStalled(lanes, count, timeout);
+      if (now >= deadline) {
+        // Past the timeout, a short grace first: a peer that timed out
+        // earlier, waiting further down the same chain, tells whom it
+        // blames, and this rank names that rank rather than the peer.
+        if (!inGrace) {
+          inGrace = true;
+          deadline = now + std::min<Clock::duration>(timeout / 4, std::chrono::seconds(1));
+        } else {
+          failStalled(lanes, count, now - waitStart);
+        }
+      }
       const auto idleFor = now - idleSince;
       if (idleFor <= pureSpin_) {
         cpuRelax();

@@ -106,6 +106,8 @@ class Executor {
   // After run() threw: the rank to blame (the peer that failed, or the one a
   // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
   int blamedRank() const { return blamed_; }
+  // Whether the blamed rank stopped answering (a timeout), rather than failed.
+  bool blamedTimedOut() const { return blamedTimedOut_; }
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -133,7 +135,7 @@ class Executor {
   bool allReturned();
   void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
   [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
-  [[noreturn]] void failStalled(const Lane* lanes, size_t count, std::chrono::milliseconds timeout);
+  [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::duration waited);
 
   transport::Wiring& wiring_;
   int rank_;
@@ -162,6 +164,7 @@ class Executor {
   uint64_t piecesSentByReference_ = 0;
   Activity activity_;
   int blamed_ = -1;
+  bool blamedTimedOut_ = false;
 };
 
 }  // namespace braid::exec

@@ -96,6 +96,7 @@ struct SegmentHeader {
   int32_t probeFd;                  // an fd the owner holds open while peers connect (see create)
   std::atomic<uint32_t> closed;     // set when the owner destroyed its transport or gave up
   std::atomic<int32_t> failedRank;  // whom the owner blamed when it gave up (-1: nobody)
+  std::atomic<uint32_t> timedOut;   // 1: the owner gave up waiting for failedRank
   // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
   alignas(kLine) std::atomic<uint32_t> doorbell;
@@ -316,6 +317,9 @@ class ShmConnection final : public Connection {
   int failedRank() const override {
     return peerHeader_->failedRank.load(std::memory_order_acquire);
   }
+  bool peerTimedOut() const override {
+    return peerHeader_->timedOut.load(std::memory_order_acquire) != 0;
+  }
   // The peer's process is gone (it cannot have closed cleanly).
   void checkAlive() {
     if (!dead_ && ::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
@@ -420,9 +424,11 @@ class ShmTransport final : public Transport {
     closeProbe();
   }
 
-  void announceFailure(int failedRank) override {
-    if (SegmentHeader* mine = own_.header())
+  void announceFailure(int failedRank, bool timedOut) override {
+    if (SegmentHeader* mine = own_.header()) {
+      mine->timedOut.store(timedOut ? 1 : 0, std::memory_order_relaxed);
       mine->failedRank.store(failedRank, std::memory_order_release);
+    }
     close();
   }
 

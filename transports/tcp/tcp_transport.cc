@@ -55,6 +55,7 @@ class TcpConnection final : public Connection {
   bool flushed() const override { return sendWritten_ == sendPosted_; }
   bool peerClosed() const override { return closed_; }
   int failedRank() const override { return failedRank_; }
+  bool peerTimedOut() const override { return peerTimedOut_; }
 
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];
@@ -126,6 +127,7 @@ class TcpConnection final : public Connection {
         if (header_.bytes & kGivingUp) {
           const uint32_t rank = header_.bytes & ~kGivingUp;
           failedRank_ = rank == ~kGivingUp ? -1 : static_cast<int>(rank);
+          peerTimedOut_ = header_.tag == 1;
           closed_ = true;
           headerRead_ = 0;
           return true;
@@ -154,14 +156,15 @@ class TcpConnection final : public Connection {
   // peer could not parse past it otherwise), drops the other unsent ones,
   // sends the giving-up header and shuts down this direction. Waits at most
   // until `deadline` for the socket to take it.
-  void giveUp(int failedRank, Clock::time_point deadline) {
+  void giveUp(int failedRank, bool timedOut, Clock::time_point deadline) {
     if (!failure_.empty()) {  // broken already: nobody to tell
       ::shutdown(socket_.fd(), SHUT_WR);
       return;
     }
     sendPosted_ = sendWritten_ + (sendOffset_ > 0 ? 1 : 0);
     const FrameHeader last{
-        kGivingUp | (failedRank < 0 ? ~kGivingUp : static_cast<uint32_t>(failedRank)), 0};
+        kGivingUp | (failedRank < 0 ? ~kGivingUp : static_cast<uint32_t>(failedRank)),
+        timedOut ? 1u : 0u};
     const auto* bytes = reinterpret_cast<const std::byte*>(&last);
     size_t sent = 0;
     try {
@@ -240,9 +243,10 @@ class TcpConnection final : public Connection {
   size_t headerRead_ = 0;
   size_t payloadRead_ = 0;
 
-  bool closed_ = false;     // the peer closed its end
-  int failedRank_ = -1;     // whom the peer blamed when it gave up
-  std::vector<iovec> iov_;  // preallocated: no allocation per send
+  bool closed_ = false;        // the peer closed its end
+  int failedRank_ = -1;        // whom the peer blamed when it gave up
+  bool peerTimedOut_ = false;  // ... because it waited for that rank too long
+  std::vector<iovec> iov_;     // preallocated: no allocation per send
   std::string failure_;
 };
 
@@ -292,9 +296,9 @@ class TcpTransport final : public Transport {
 
   int failedPeer() const override { return failedPeer_; }
 
-  void announceFailure(int failedRank) override {
+  void announceFailure(int failedRank, bool timedOut) override {
     const Clock::time_point deadline = Clock::now() + kGiveUpWithin;
-    for (auto& connection : connections_) connection->giveUp(failedRank, deadline);
+    for (auto& connection : connections_) connection->giveUp(failedRank, timedOut, deadline);
   }
 
   void waitForActivity(Clock::time_point until) override {
