@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -765,6 +766,25 @@ TEST(Transports, SameHostPeersUseSharedMemoryAndLeaveNothingInDevShm) {
   });
 }
 
+// A T in memory the forked ranks share with this process, value-initialized
+// (T's members must be lock-free atomics or plain data).
+template <typename T>
+class SharedWithRanks {
+ public:
+  SharedWithRanks()
+      : memory_(
+            ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) {
+    if (memory_ == MAP_FAILED) throw std::runtime_error("mmap of shared test memory failed");
+    value_ = new (memory_) T{};
+  }
+  ~SharedWithRanks() { ::munmap(memory_, sizeof(T)); }
+  T* operator->() { return value_; }
+
+ private:
+  void* memory_;
+  T* value_;
+};
+
 // kill -9 a rank at 20 random moments of a loop of all-reduces, all-gathers
 // and broadcasts: every survivor's op fails with RemoteError naming the dead
 // rank (directly, or as the rank another survivor gave up on) within 2 s of
@@ -772,12 +792,12 @@ TEST(Transports, SameHostPeersUseSharedMemoryAndLeaveNothingInDevShm) {
 TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
   constexpr int kRanks = 4;
   using std::chrono::nanoseconds;
-  // When the victim died, on the machine-wide steady clock: shared with the
-  // forked ranks.
-  void* shared = ::mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(shared, MAP_FAILED);
-  auto* diedAt = new (shared) std::atomic<int64_t>(0);
+  // When the victim died, on the machine-wide steady clock.
+  struct Death {
+    std::atomic<int64_t> at;
+  };
+  SharedWithRanks<Death> death;
+  std::atomic<int64_t>* diedAt = &death->at;
   auto nowNs = [] {
     return std::chrono::duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
   };
@@ -825,7 +845,6 @@ TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
         options);
     if (::testing::Test::HasFailure()) break;
   }
-  ::munmap(shared, sizeof(std::atomic<int64_t>));
 }
 
 // SIGSTOP a rank in the middle of a loop of all-reduces: it neither fails nor
@@ -835,14 +854,11 @@ TEST(PeerFailure, AKilledRankIsNamedByEverySurvivorWithinTwoSeconds) {
 // time out at the same moment: see the closing note of issue 5.)
 TEST(PeerFailure, AStoppedRankMakesTheOthersTimeOutNamingIt) {
   constexpr int kRanks = 4, kStopped = 2;
-  struct Shared {
+  struct State {
     std::atomic<pid_t> stopped;
     std::atomic<int> done, named;
   };
-  void* memory =
-      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(memory, MAP_FAILED);
-  auto* shared = new (memory) Shared{{0}, {0}, {0}};
+  SharedWithRanks<State> shared;
   ::setenv("BRAID_TIMEOUT", "1", 1);
   RunOptions options;
   options.killed = {kStopped};
@@ -876,7 +892,6 @@ TEST(PeerFailure, AStoppedRankMakesTheOthersTimeOutNamingIt) {
       },
       options);
   ::unsetenv("BRAID_TIMEOUT");
-  ::munmap(memory, sizeof(Shared));
 }
 
 // abort() from another thread unblocks an op that waits for a rank that is
