@@ -52,7 +52,9 @@ inline size_t bytesValue(const std::string& option, const std::string& text) {
   } else if (unit == "g") {
     scale = 1024.0 * 1024 * 1024;
   }
-  if (end == text.c_str() || errno != 0 || scale == 0 || number < 1)
+  // (NaN fails the range check too; a size beyond 8 EiB would overflow.)
+  if (end == text.c_str() || errno != 0 || scale == 0 || !(number >= 1) ||
+      !(number * scale < 9.0e18))
     throw UsageError(option + ": '" + text + "' is not a size such as 4096, 64K or 16M");
   return static_cast<size_t>(number * scale);
 }
