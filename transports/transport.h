@@ -89,6 +89,9 @@ class Connection {
   virtual int failedRank() const { return -1; }
   // Whether the peer gave up because it timed out waiting for failedRank().
   virtual bool peerTimedOut() const { return false; }
+  // The rank the peer last said it is stuck waiting for
+  // (Transport::announceWaitingFor), or -1.
+  virtual int peerWaitsFor() const { return -1; }
 };
 
 // One transport instance per communicator; it owns its connections.
@@ -130,6 +133,11 @@ class Transport {
   // why, so that each can name the rank to blame. Best effort and quick;
   // nothing is sent on these connections afterwards.
   virtual void announceFailure(int failedRank, bool timedOut) { (void)failedRank, (void)timedOut; }
+  // This rank's op is past its deadline waiting for `rank` (-1: it no
+  // longer waits): tells every peer, without closing anything, so that a
+  // rank stuck waiting for this one can follow the chain of waits to the
+  // rank that stopped answering. Wakes peers that sleep; best effort.
+  virtual void announceWaitingFor(int rank) { (void)rank; }
   // The peer whose connection failed, after progress() threw; -1 if none.
   virtual int failedPeer() const { return -1; }
 };

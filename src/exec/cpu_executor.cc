@@ -376,31 +376,62 @@ void Executor::adaptSpin(Clock::duration waited) {
   }
 }
 
+Executor::Wait Executor::waitOf(const Lane* lanes, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const Lane& lane = lanes[i];
+    if (lane.step == lane.plan->steps.size()) continue;
+    const algo::Step& step = lane.plan->steps[lane.step];
+    const bool receiving = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
+    return {&lane, receiving ? step.recvPeer : step.sendPeer, receiving};
+  }
+  allReturned();
+  return {nullptr, lent_.empty() ? -1 : lent_[0].peer, false};
+}
+
+void Executor::announceWaitingFor(int rank) {
+  waitingFor_ = rank;
+  for (transport::Transport* transport : waitable_) transport->announceWaitingFor(rank);
+}
+
+void Executor::followWaits(const Lane* lanes, size_t count) {
+  const int peer = waitOf(lanes, count).peer;
+  int culprit = peer;
+  if (peer >= 0) {
+    // A rank that names this one waits in a cycle: keep to the peer.
+    const int further = wiring_.connections[peer]->peerWaitsFor();
+    if (further >= 0 && further != rank_) culprit = further;
+  }
+  if (culprit != waitingFor_) announceWaitingFor(culprit);
+}
+
 void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration waited) {
-  const Lane* stuck = lanes;
-  for (size_t i = 0; i < count; ++i)
-    if (lanes[i].step < lanes[i].plan->steps.size()) {
-      stuck = &lanes[i];
-      break;
-    }
+  const Wait wait = waitOf(lanes, count);
+  const Lane* lane = wait.lane ? wait.lane : lanes;
   std::string where = "flushing its last messages";
-  if (!lent_.empty())
-    where = format("waiting for rank %d to finish reading this rank's memory", lent_[0].peer);
-  if (stuck->step < stuck->plan->steps.size()) {
-    const algo::Step& step = stuck->plan->steps[stuck->step];
-    bool waitingToReceive = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
-    blamed_ = waitingToReceive ? step.recvPeer : step.sendPeer;
-    blamedTimedOut_ = true;
-    where = waitingToReceive ? format("at step %zu of %zu, waiting for data from rank %d",
-                                      stuck->step + 1, stuck->plan->steps.size(), step.recvPeer)
-                             : format("at step %zu of %zu, waiting for rank %d to take data",
-                                      stuck->step + 1, stuck->plan->steps.size(), step.sendPeer);
+  if (!wait.lane && wait.peer >= 0)
+    where = format("waiting for rank %d to finish reading this rank's memory", wait.peer);
+  if (wait.lane) {
+    const size_t steps = lane->plan->steps.size();
+    where = wait.receiving ? format("at step %zu of %zu, waiting for data from rank %d",
+                                    lane->step + 1, steps, wait.peer)
+                           : format("at step %zu of %zu, waiting for rank %d to take data",
+                                    lane->step + 1, steps, wait.peer);
+  }
+  blamed_ = wait.peer;
+  blamedTimedOut_ = wait.peer >= 0;
+  const auto ms =
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
+  if (wait.peer >= 0 && waitingFor_ >= 0 && waitingFor_ != wait.peer) {
+    // The peer said it waits for another rank in turn: that one is stuck.
+    blamed_ = waitingFor_;
+    fail(ErrorCode::Timeout, rank_,
+         format("%s timed out after %lld ms: rank %d stopped answering (this rank is %s, and rank "
+                "%d waits, directly or through other ranks, for rank %d)",
+                lane->info->describe().c_str(), ms, waitingFor_, where.c_str(), wait.peer,
+                waitingFor_));
   }
   fail(ErrorCode::Timeout, rank_,
-       format("%s timed out after %lld ms %s", stuck->info->describe().c_str(),
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()),
-              where.c_str()));
+       format("%s timed out after %lld ms %s", lane->info->describe().c_str(), ms, where.c_str()));
 }
 
 void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
@@ -471,6 +502,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
       }
       if (finished && flushed() && allReturned()) {
         activity_.name.store(nullptr, std::memory_order_relaxed);
+        if (waitingFor_ >= 0) announceWaitingFor(-1);
         return;
       }
       if (aborted.load(std::memory_order_relaxed))
@@ -505,9 +537,10 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         now = Clock::now();
       }
       if (now >= deadline) {
-        // Past the timeout, a short grace first: a peer that timed out
-        // earlier, waiting further down the same chain, tells whom it
-        // blames, and this rank names that rank rather than the peer.
+        // Past the timeout, a short grace first. This rank tells its peers
+        // whom it waits for and they tell it whom they wait for, so that
+        // every rank of a chain of waits names the rank at its end; and a
+        // peer that gave up earlier tells whom it blamed.
         if (!inGrace) {
           inGrace = true;
           deadline = now + std::min<Clock::duration>(timeout / 4, std::chrono::seconds(1));
@@ -515,6 +548,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
           failStalled(lanes, count, now - waitStart);
         }
       }
+      if (inGrace) followWaits(lanes, count);
       const auto idleFor = now - idleSince;
       if (idleFor <= pureSpin_) {
         cpuRelax();

@@ -135,6 +135,20 @@ class Executor {
   bool allReturned();
   void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
   [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
+  // What this rank waits for in an op that cannot move: the first lane with
+  // steps left and its peer, or (lane null) the peer still reading memory
+  // this rank lent; peer -1 when it only waits to flush.
+  struct Wait {
+    const Lane* lane = nullptr;
+    int peer = -1;
+    bool receiving = false;
+  };
+  Wait waitOf(const Lane* lanes, size_t count);
+  // Past the deadline: tells the peers whom this rank waits for, following
+  // the chain of such notices (the peer waited for may itself wait for
+  // another rank) as far as they reach.
+  void followWaits(const Lane* lanes, size_t count);
+  void announceWaitingFor(int rank);
   [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::duration waited);
 
   transport::Wiring& wiring_;
@@ -165,6 +179,7 @@ class Executor {
   Activity activity_;
   int blamed_ = -1;
   bool blamedTimedOut_ = false;
+  int waitingFor_ = -1;  // the rank this rank last told its peers it waits for
 };
 
 }  // namespace braid::exec

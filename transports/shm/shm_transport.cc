@@ -97,6 +97,7 @@ struct SegmentHeader {
   std::atomic<uint32_t> closed;     // set when the owner destroyed its transport or gave up
   std::atomic<int32_t> failedRank;  // whom the owner blamed when it gave up (-1: nobody)
   std::atomic<uint32_t> timedOut;   // 1: the owner gave up waiting for failedRank
+  std::atomic<int32_t> waitingFor;  // the rank the owner is stuck waiting for (-1: none)
   // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
   alignas(kLine) std::atomic<uint32_t> doorbell;
@@ -320,6 +321,9 @@ class ShmConnection final : public Connection {
   bool peerTimedOut() const override {
     return peerHeader_->timedOut.load(std::memory_order_acquire) != 0;
   }
+  int peerWaitsFor() const override {
+    return peerHeader_->waitingFor.load(std::memory_order_acquire);
+  }
   // The peer's process is gone (it cannot have closed cleanly).
   void checkAlive() {
     if (!dead_ && ::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
@@ -432,6 +436,13 @@ class ShmTransport final : public Transport {
     close();
   }
 
+  void announceWaitingFor(int rank) override {
+    if (SegmentHeader* mine = own_.header()) {
+      mine->waitingFor.store(rank, std::memory_order_seq_cst);
+      for (auto& connection : connections_) connection->wakePeer();
+    }
+  }
+
   const char* name() const override { return "shm"; }
   Connection& connection(int peer) override { return *byRank_[peer]; }
 
@@ -542,6 +553,7 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   header->probeFd = fd;
   header->cpu.store(-1, std::memory_order_relaxed);
   header->failedRank.store(-1, std::memory_order_relaxed);
+  header->waitingFor.store(-1, std::memory_order_relaxed);
   auto* bytes = static_cast<std::byte*>(base);
   auto* controls = reinterpret_cast<FifoControl*>(bytes + layout.controls);
   for (size_t i = 0; i < fifos; ++i) new (controls + i) FifoControl{};

@@ -22,9 +22,14 @@ struct FrameHeader {
   uint32_t bytes;
   uint32_t tag;
 };
-// A header whose `bytes` has this bit is the sender's last word: it gives up
-// because the rank in the other bits failed (all ones: for another reason).
-constexpr uint32_t kGivingUp = 0x80000000u;
+// A header whose `bytes` has this bit carries a word from the sender instead
+// of data, about the rank in the other bits (all ones: none). Its tag says
+// which: the sender gives up because that rank failed (kFailed) or stopped
+// answering (kTimedOut), and this is its last word; or the sender is stuck
+// waiting for that rank and goes on waiting (kWaitingFor).
+constexpr uint32_t kWord = 0x80000000u;
+constexpr uint32_t kNoRank = ~kWord;
+enum Word : uint32_t { kFailed = 0, kTimedOut = 1, kWaitingFor = 2 };
 
 class TcpConnection final : public Connection {
  public:
@@ -56,6 +61,7 @@ class TcpConnection final : public Connection {
   bool peerClosed() const override { return closed_; }
   int failedRank() const override { return failedRank_; }
   bool peerTimedOut() const override { return peerTimedOut_; }
+  int peerWaitsFor() const override { return peerWaitsFor_; }
 
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvMessages_[recvRead_ % slots_];
@@ -65,13 +71,23 @@ class TcpConnection final : public Connection {
   int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
   bool closed() const { return closed_; }
-  bool wantsToSend() const { return sendWritten_ != sendPosted_; }
+  bool wantsToSend() const { return sendWritten_ != sendPosted_ || noticeLeft_ > 0; }
   bool canReceive() const { return !closed_ && recvFilled_ - recvRead_ < slots_; }
 
   // Writes as many posted frames as the socket takes. Returns true if any
   // byte left.
   bool pumpSend() {
     if (!wantsToSend()) return false;
+    // A notice goes between frames, never into one.
+    if (noticeLeft_ > 0 && sendOffset_ == 0) {
+      const auto* notice = reinterpret_cast<const std::byte*>(&notice_);
+      const ssize_t sent = ::send(socket_.fd(), notice + sizeof(notice_) - noticeLeft_, noticeLeft_,
+                                  MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent <= 0) return false;  // a broken socket shows on the next frame or receive
+      noticeLeft_ -= static_cast<size_t>(sent);
+      if (noticeLeft_ > 0 || sendWritten_ == sendPosted_) return true;
+    }
+    if (sendWritten_ == sendPosted_) return false;
     size_t count = 0;
     size_t skip = sendOffset_;
     for (size_t m = sendWritten_; m != sendPosted_; ++m) {
@@ -124,12 +140,17 @@ class TcpConnection final : public Connection {
         moved = true;
         headerRead_ += got;
         if (headerRead_ < sizeof(FrameHeader)) continue;
-        if (header_.bytes & kGivingUp) {
-          const uint32_t rank = header_.bytes & ~kGivingUp;
-          failedRank_ = rank == ~kGivingUp ? -1 : static_cast<int>(rank);
-          peerTimedOut_ = header_.tag == 1;
-          closed_ = true;
+        if (header_.bytes & kWord) {
+          const uint32_t bits = header_.bytes & ~kWord;
+          const int rank = bits == kNoRank ? -1 : static_cast<int>(bits);
           headerRead_ = 0;
+          if (header_.tag == kWaitingFor) {
+            peerWaitsFor_ = rank;
+            continue;
+          }
+          failedRank_ = rank;
+          peerTimedOut_ = header_.tag == kTimedOut;
+          closed_ = true;
           return true;
         }
         if (header_.bytes > slotBytes_)
@@ -162,9 +183,8 @@ class TcpConnection final : public Connection {
       return;
     }
     sendPosted_ = sendWritten_ + (sendOffset_ > 0 ? 1 : 0);
-    const FrameHeader last{
-        kGivingUp | (failedRank < 0 ? ~kGivingUp : static_cast<uint32_t>(failedRank)),
-        timedOut ? 1u : 0u};
+    if (noticeLeft_ == sizeof(notice_)) noticeLeft_ = 0;  // a notice partly sent is finished
+    const FrameHeader last = word(failedRank, timedOut ? kTimedOut : kFailed);
     const auto* bytes = reinterpret_cast<const std::byte*>(&last);
     size_t sent = 0;
     try {
@@ -186,6 +206,20 @@ class TcpConnection final : public Connection {
     ::shutdown(socket_.fd(), SHUT_WR);
   }
 
+  // Queues the notice that this rank waits for `rank`, to go out ahead of
+  // the next frame (replacing one not yet started).
+  void noteWaitingFor(int rank) {
+    if (noticeLeft_ > 0 && noticeLeft_ < sizeof(notice_)) {
+      // One is partly out: let it finish first. The newer notice then
+      // follows on the next call.
+      while (noticeLeft_ > 0 && pumpSend()) {
+      }
+      if (noticeLeft_ > 0) return;
+    }
+    notice_ = word(rank, kWaitingFor);
+    noticeLeft_ = sizeof(notice_);
+  }
+
   [[noreturn]] void failPeer(const std::string& why) {
     failure_ = why;
     throw Error(ErrorCode::RemoteError, why);
@@ -193,6 +227,10 @@ class TcpConnection final : public Connection {
   const std::string& failure() const { return failure_; }
 
  private:
+  static FrameHeader word(int rank, Word what) {
+    return {kWord | (rank < 0 ? kNoRank : static_cast<uint32_t>(rank)), what};
+  }
+
   void addIov(size_t& count, std::byte* base, size_t length, size_t& skip) {
     if (skip >= length) {
       skip -= length;
@@ -246,6 +284,9 @@ class TcpConnection final : public Connection {
   bool closed_ = false;        // the peer closed its end
   int failedRank_ = -1;        // whom the peer blamed when it gave up
   bool peerTimedOut_ = false;  // ... because it waited for that rank too long
+  int peerWaitsFor_ = -1;      // whom the peer last said it is stuck waiting for
+  FrameHeader notice_{};       // this rank's notice to the peer, and
+  size_t noticeLeft_ = 0;      // how many of its bytes are still to go out
   std::vector<iovec> iov_;     // preallocated: no allocation per send
   std::string failure_;
 };
@@ -295,6 +336,18 @@ class TcpTransport final : public Transport {
   }
 
   int failedPeer() const override { return failedPeer_; }
+
+  void announceWaitingFor(int rank) override {
+    for (auto& connection : connections_)
+      if (connection->failure().empty() && !connection->closed()) {
+        connection->noteWaitingFor(rank);
+        try {
+          connection->pumpSend();
+        } catch (const Error&) {
+          // progress() reports it.
+        }
+      }
+  }
 
   void announceFailure(int failedRank, bool timedOut) override {
     const Clock::time_point deadline = Clock::now() + kGiveUpWithin;
