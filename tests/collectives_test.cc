@@ -54,7 +54,7 @@ class Buffer {
   Buffer(DataType type, size_t count) : bytes_(poisoned(type, count)) {
     if (gRegistered) {
       memory_ = static_cast<std::byte*>(memAlloc(std::max<size_t>(bytes_.size(), 1)));
-      std::memcpy(memory_, bytes_.data(), bytes_.size());
+      if (!bytes_.empty()) std::memcpy(memory_, bytes_.data(), bytes_.size());
     }
   }
   ~Buffer() { memFree(memory_); }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <regex>
@@ -40,8 +41,13 @@ void* operator new(size_t bytes) {
   if (void* p = std::malloc(bytes ? bytes : 1)) return p;
   throw std::bad_alloc();
 }
+void* operator new(size_t bytes, const std::nothrow_t&) noexcept {
+  gNews.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(bytes ? bytes : 1);
+}
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace braid::testing {
 namespace {

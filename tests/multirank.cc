@@ -63,19 +63,47 @@ void drain(Child& child) {
 void runProcesses(int nranks,
                   const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
                   const RunOptions& options) {
-  UniqueId id = options.id ? *options.id : Communicator::newUniqueId(options.config);
+  // The test process starts no thread of braid's: the first rank makes the
+  // id (and runs the root, as rank 0 of a real job would) and the test
+  // process passes it on to the others through pipes. A process that forks
+  // while another of its threads holds a lock (the sanitizers' allocators
+  // have no fork handlers) can leave the child waiting for it forever.
   std::vector<Child> children;
+  std::vector<int> idPipes;  // write ends, one per child that waits for the id
+  int idBack = -1;           // read end: the id from the child that made it
+  const bool makeId = !options.id;
   for (int rank = 0; rank < nranks; ++rank) {
     if (std::find(options.absent.begin(), options.absent.end(), rank) != options.absent.end())
       continue;
-    int fds[2];
+    const bool maker = makeId && idBack < 0;
+    int fds[2], idFds[2];
     ASSERT_EQ(::pipe(fds), 0);
+    ASSERT_EQ(::pipe(idFds), 0);
     std::fflush(nullptr);
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(fds[0]);
+      for (int other : idPipes) ::close(other);
+      if (idBack >= 0) ::close(idBack);
       runChild(fds[1], [&] {
+        UniqueId id;
+        if (maker) {
+          ::close(idFds[0]);
+          id = Communicator::newUniqueId(options.config);
+          const ssize_t n = ::write(idFds[1], id.bytes.data(), sizeof(id.bytes));
+          require(n == static_cast<ssize_t>(sizeof(id.bytes)), "passing the unique id on failed");
+          ::close(idFds[1]);
+        } else {
+          ::close(idFds[1]);
+          size_t got = 0;
+          while (got < sizeof(id.bytes)) {
+            const ssize_t n = ::read(idFds[0], id.bytes.data() + got, sizeof(id.bytes) - got);
+            require(n > 0, "the test process passed on no unique id");
+            got += static_cast<size_t>(n);
+          }
+          ::close(idFds[0]);
+        }
         if (options.enter) options.enter(rank);
         body(rank, id, options.config);
       });
@@ -83,6 +111,35 @@ void runProcesses(int nranks,
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
     children.push_back({rank, pid, fds[0], {}});
+    if (maker) {
+      ::close(idFds[1]);
+      idBack = idFds[0];
+    } else {
+      ::close(idFds[0]);
+      idPipes.push_back(idFds[1]);
+    }
+  }
+  UniqueId id;
+  bool haveId = false;
+  if (options.id) {
+    id = *options.id;
+    haveId = true;
+  } else if (idBack >= 0) {
+    size_t got = 0;
+    while (got < sizeof(id.bytes)) {
+      const ssize_t n = ::read(idBack, id.bytes.data() + got, sizeof(id.bytes) - got);
+      if (n <= 0) break;  // that rank failed: it reports why
+      got += static_cast<size_t>(n);
+    }
+    haveId = got == sizeof(id.bytes);
+    ::close(idBack);
+  }
+  for (int fd : idPipes) {
+    if (haveId) {
+      const ssize_t n = ::write(fd, id.bytes.data(), sizeof(id.bytes));
+      (void)n;  // a rank that misses it fails and says so
+    }
+    ::close(fd);
   }
 
   auto deadline = std::chrono::steady_clock::now() + options.deadline;
