@@ -6,6 +6,10 @@ install(TARGETS braid EXPORT braidTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# libnccl.so.2 goes in a folder of its own, so that it replaces NCCL only for
+# programs run with that folder on their library path.
+install(TARGETS braid_nccl
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/braid-nccl)
 install(DIRECTORY include/braid DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/include/braid/version.h

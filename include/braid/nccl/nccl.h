@@ -1,0 +1,290 @@
+/* braid's NCCL-compatible C API.
+ *
+ * A program written against NCCL compiles against this header unchanged and
+ * runs against braid's libnccl.so.2 (build/lib). The types, values and
+ * struct layouts are those of NCCL 2.28, so a binary built against NCCL's
+ * own header runs on braid too. Buffers may be host memory: braid then runs
+ * the operation on the CPU, and the stream argument is not used.
+ *
+ * What braid does not do yet returns ncclInvalidUsage, with the reason in
+ * ncclGetLastError(): symmetric windows, communicator revoke and shrink, and
+ * device pointers (until the CUDA transport lands). */
+#ifndef NCCL_H_
+#define NCCL_H_
+
+/* cudaStream_t comes from CUDA's runtime header where it can be found; a
+ * build without CUDA declares the same type itself. */
+#if !defined(CUDART_VERSION) && !defined(BRAID_NCCL_NO_CUDA) && defined(__has_include)
+#if __has_include(<cuda_runtime.h>)
+#include <cuda_runtime.h>
+#endif
+#endif
+#ifndef CUDART_VERSION
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+#include <limits.h>
+#include <stddef.h>
+
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
+#define NCCL_SUFFIX ""
+#define NCCL_VERSION_CODE 22809
+/* Version numbers up to 2.8 had two digits for the minor number. */
+#define NCCL_VERSION(X, Y, Z) \
+  (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+
+/* Set by braid's header only: lets a program tell which library it built against. */
+#define BRAID_NCCL 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ncclComm* ncclComm_t;
+typedef struct ncclWindow_vidmem* ncclWindow_t;
+#define NCCL_COMM_NULL NULL
+
+/* Names a job; made by ncclGetUniqueId on one rank and shipped to the others
+ * as 128 raw bytes. */
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+typedef enum {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6, /* a peer failed, closed or stopped answering */
+  ncclInProgress = 7,  /* a nonblocking communicator is still working */
+  ncclNumResults = 8
+} ncclResult_t;
+
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+#define NCCL_CONFIG_UNDEF_PTR NULL
+#define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_UNDEF_FLOAT -1.0f
+
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+
+#define NCCL_CTA_POLICY_DEFAULT 0x00
+#define NCCL_CTA_POLICY_EFFICIENCY 0x01
+#define NCCL_CTA_POLICY_ZERO 0x02
+
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* Options for a new communicator; start from NCCL_CONFIG_INITIALIZER. braid
+ * reads `blocking` (0: calls return ncclInProgress and finish in the
+ * background) and `commName` (shown in braid's logs); the GPU kernel
+ * settings (CTAs, cluster size, NVLS, ...) have no meaning for host memory
+ * and are accepted as given. */
+typedef struct ncclConfig_v22800 {
+  size_t size; /* these three are set by the initializer */
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char* netName;
+  int splitShare;
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
+} ncclConfig_t;
+
+#define NCCL_CONFIG_INITIALIZER                                                              \
+  {                                                                                          \
+    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH),      \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                         \
+  }
+
+/* What ncclGroupSimulateEnd reports. */
+typedef struct ncclSimInfo_v22200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime;
+} ncclSimInfo_t;
+
+#define NCCL_SIM_INFO_INITIALIZER \
+  { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
+
+/* Built-in reductions; ncclRedOpCreatePreMulSum makes more, from ncclNumOps up. */
+typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
+typedef enum {
+  ncclSum = 0,
+  ncclProd = 1,
+  ncclMax = 2,
+  ncclMin = 3,
+  ncclAvg = 4,
+  ncclNumOps = 5,
+  ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
+} ncclRedOp_t;
+
+typedef enum {
+  ncclInt8 = 0,
+  ncclChar = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2,
+  ncclInt = 2,
+  ncclUint32 = 3,
+  ncclInt64 = 4,
+  ncclUint64 = 5,
+  ncclFloat16 = 6,
+  ncclHalf = 6,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclDouble = 8,
+  ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11,
+  ncclNumTypes = 12
+} ncclDataType_t;
+
+/* Where the scalar of ncclRedOpCreatePreMulSum lives: read at every
+ * collective (Device), or once, when the op is made (HostImmediate). */
+typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+
+/* Every function has a second name with a leading 'p', for profilers that
+ * interpose the first. */
+#define BRAID_NCCL_API(ret, name, args) \
+  ret nccl##name args;                  \
+  ret pnccl##name args
+
+/* Memory that peers on this host can read in place (braid::memAlloc). */
+BRAID_NCCL_API(ncclResult_t, MemAlloc, (void** ptr, size_t size));
+BRAID_NCCL_API(ncclResult_t, MemFree, (void* ptr));
+
+BRAID_NCCL_API(ncclResult_t, GetVersion, (int* version));
+BRAID_NCCL_API(ncclResult_t, GetUniqueId, (ncclUniqueId * uniqueId));
+
+/* Communicators. Every rank calls an init with the same id and nranks and
+ * its own rank; inside ncclGroupStart/End, several inits of one process run
+ * together (one process driving several ranks). */
+BRAID_NCCL_API(ncclResult_t, CommInitRankConfig,
+               (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, CommInitRank,
+               (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank));
+/* ndev ranks in this process, rank i labelled with devlist[i] (or i). */
+BRAID_NCCL_API(ncclResult_t, CommInitAll, (ncclComm_t * comm, int ndev, const int* devlist));
+/* Waits for the communicator's outstanding work. */
+BRAID_NCCL_API(ncclResult_t, CommFinalize, (ncclComm_t comm));
+BRAID_NCCL_API(ncclResult_t, CommDestroy, (ncclComm_t comm));
+/* Stops the communicator's work at once and frees it; the peers' ops fail. */
+BRAID_NCCL_API(ncclResult_t, CommAbort, (ncclComm_t comm));
+BRAID_NCCL_API(ncclResult_t, CommRevoke, (ncclComm_t comm, int revokeFlags));
+/* Ranks with the same color form a new communicator, ordered by key; a rank
+ * with NCCL_SPLIT_NOCOLOR gets NULL. Every rank calls it. */
+BRAID_NCCL_API(ncclResult_t, CommSplit,
+               (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, CommShrink,
+               (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                ncclConfig_t* config, int shrinkFlags));
+/* As ncclCommInitRankConfig; braid's bootstrap uses the first of the ids. */
+BRAID_NCCL_API(ncclResult_t, CommInitRankScalable,
+               (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                ncclConfig_t* config));
+
+BRAID_NCCL_API(const char*, GetErrorString, (ncclResult_t result));
+/* The message of this thread's last failed call (comm may be NULL). */
+BRAID_NCCL_API(const char*, GetLastError, (ncclComm_t comm));
+/* ncclInProgress while a nonblocking communicator still works; then
+ * ncclSuccess, or the error that stopped it. */
+BRAID_NCCL_API(ncclResult_t, CommGetAsyncError, (ncclComm_t comm, ncclResult_t * asyncError));
+
+BRAID_NCCL_API(ncclResult_t, CommCount, (const ncclComm_t comm, int* count));
+/* The device the communicator was made for; -1 for a host communicator. */
+BRAID_NCCL_API(ncclResult_t, CommCuDevice, (const ncclComm_t comm, int* device));
+BRAID_NCCL_API(ncclResult_t, CommUserRank, (const ncclComm_t comm, int* rank));
+
+/* Buffer registration: accepted and tracked; braid's zero-copy path on a
+ * host uses memory from ncclMemAlloc, registered or not. */
+BRAID_NCCL_API(ncclResult_t, CommRegister,
+               (const ncclComm_t comm, void* buff, size_t size, void** handle));
+BRAID_NCCL_API(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
+BRAID_NCCL_API(ncclResult_t, CommWindowRegister,
+               (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
+BRAID_NCCL_API(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
+
+/* A sum whose inputs are first multiplied by *scalar (of `datatype`), for
+ * collectives of that datatype on `comm`. */
+BRAID_NCCL_API(ncclResult_t, RedOpCreatePreMulSum,
+               (ncclRedOp_t * op, void* scalar, ncclDataType_t datatype,
+                ncclScalarResidence_t residence, ncclComm_t comm));
+BRAID_NCCL_API(ncclResult_t, RedOpDestroy, (ncclRedOp_t op, ncclComm_t comm));
+
+/* Collectives. sendbuff == recvbuff runs in place. Counts are elements. */
+BRAID_NCCL_API(ncclResult_t, Reduce,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Bcast,
+               (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Broadcast,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, AllReduce,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream));
+/* recvcount elements per rank; sendbuff holds nranks * recvcount. */
+BRAID_NCCL_API(ncclResult_t, ReduceScatter,
+               (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream));
+/* sendcount elements per rank; recvbuff holds nranks * sendcount. */
+BRAID_NCCL_API(ncclResult_t, AllGather,
+               (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                ncclComm_t comm, cudaStream_t stream));
+/* count elements to and from each rank. */
+BRAID_NCCL_API(ncclResult_t, AlltoAll,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Gather,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Scatter,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream));
+
+/* Point to point: the k-th send from A to B meets the k-th recv at B from A.
+ * Group them (ncclGroupStart/End) to exchange with several peers at once. */
+BRAID_NCCL_API(ncclResult_t, Send,
+               (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Recv,
+               (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                cudaStream_t stream));
+
+/* Calls between ncclGroupStart and the matching ncclGroupEnd, on one or
+ * several communicators of this thread, run together at ncclGroupEnd. */
+BRAID_NCCL_API(ncclResult_t, GroupStart, (void));
+BRAID_NCCL_API(ncclResult_t, GroupEnd, (void));
+BRAID_NCCL_API(ncclResult_t, GroupSimulateEnd, (ncclSimInfo_t * simInfo));
+
+#undef BRAID_NCCL_API
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NCCL_H_ */

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
+# 2.28's nccl.h under its nccl and pnccl names.  check_symbols.sh LIBRARY
+set -euo pipefail
+lib=$1
+soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$soname" = libnccl.so.2 ] || { echo "SONAME is '$soname', not libnccl.so.2" >&2; exit 1; }
+exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TW]$/ {print $3}')
+missing=0
+for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll CommInitRankScalable \
+  CommSplit CommShrink CommFinalize CommDestroy CommAbort CommRevoke CommGetAsyncError CommCount \
+  CommCuDevice CommUserRank GetErrorString GetLastError AllReduce Broadcast Bcast Reduce AllGather \
+  ReduceScatter AlltoAll Gather Scatter Send Recv GroupStart GroupEnd GroupSimulateEnd \
+  RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \
+  CommWindowRegister CommWindowDeregister; do
+  for name in "nccl$f" "pnccl$f"; do
+    grep -qx "$name" <<<"$exported" || { echo "not exported: $name" >&2; missing=1; }
+  done
+done
+others=$(grep -v '^p\?nccl' <<<"$exported" || true)
+[ -z "$others" ] || { echo "exported besides the API: $others" >&2; missing=1; }
+[ $missing = 0 ] && echo "symbols: all $(wc -l <<<"$exported") exported names present, nothing else"
+exit $missing
