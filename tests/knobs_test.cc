@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
+#include "braid/config.h"
 #include "braid/error.h"
+#include "tuning/algo_choice.h"
 
 namespace braid {
 namespace {
@@ -52,6 +55,35 @@ TEST(Knobs, IntegersStayInTheIntRange) {
   auto integer = [](const std::string& text) { return parseInt(text, "BRAID_X_INT"); };
   for (const char* bad : {"2147483648", "-2147483649", "12a", "", " 1", "+1", "-"})
     expectRefused(bad, "BRAID_X_INT", integer);
+}
+
+// NCCL_ALGO in NCCL's syntax becomes braid's nearest algorithms.
+TEST(Knobs, NcclAlgoMapsToBraidsNearestAlgorithms) {
+  EXPECT_EQ(tuning::fromNcclAlgo("Ring"),
+            "allreduce:ring,broadcast:chain,reduce:chain,allgather:ring,reducescatter:ring");
+  EXPECT_EQ(tuning::fromNcclAlgo("TREE,ring"),
+            "allreduce:tree,allreduce:ring,broadcast:chain,reduce:chain,allgather:ring,"
+            "reducescatter:ring");
+  EXPECT_EQ(tuning::fromNcclAlgo("^ring,nvls"),
+            "allreduce:tree,allgather:bruck,reducescatter:rechalving");
+  EXPECT_EQ(tuning::fromNcclAlgo("allreduce:tree;broadcast:ring"),
+            "allreduce:tree,broadcast:chain");
+  EXPECT_EQ(tuning::fromNcclAlgo("allgather:^ring"), "allgather:bruck");
+  EXPECT_EQ(tuning::fromNcclAlgo("NVLS,CollnetDirect"), "");  // nothing of a host's: braid picks
+  for (const char* bad : {"Rings", "allreduce:fast", "everything:ring"})
+    expectRefused(bad, "NCCL_ALGO", [](const std::string& text) { tuning::fromNcclAlgo(text); });
+  // Every translation is a list BRAID_ALGO accepts.
+  tuning::AlgoPreference::parse(tuning::fromNcclAlgo("tree,ring,pat"));
+
+  // The alias counts only while BRAID_ALGO is unset.
+  ::setenv("NCCL_ALGO", "Tree", 1);
+  EXPECT_EQ(Knobs::resolve(Config{}).algo, "allreduce:tree");
+  ::setenv("BRAID_ALGO", "ring", 1);
+  EXPECT_EQ(Knobs::resolve(Config{}).algo, "ring");
+  ::unsetenv("BRAID_ALGO");
+  ::setenv("NCCL_ALGO", "Spiral", 1);
+  expectRefused("", "NCCL_ALGO", [](const std::string&) { Knobs::resolve(Config{}); });
+  ::unsetenv("NCCL_ALGO");
 }
 
 }  // namespace

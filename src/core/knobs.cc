@@ -33,8 +33,8 @@ const std::vector<KnobInfo>& knobTable() {
        nullptr},
       {"BRAID_ALGO", "list", "",
        "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "
-       "empty lets braid choose",
-       nullptr},
+       "empty lets braid choose (NCCL_ALGO's Ring, Tree and PAT map to braid's nearest)",
+       "NCCL_ALGO"},
       {"BRAID_TUNING", "string", "measured",
        "how braid picks algorithms BRAID_ALGO leaves open: measured (fastest by an alpha-beta "
        "model of costs measured at creation), model (the same with each transport's default "
@@ -208,7 +208,10 @@ Knobs Knobs::resolve(const Config& config) {
   knobs.oneShotBytes = parseBytes(lookup(knob("BRAID_ONESHOT_BYTES")).first, "BRAID_ONESHOT_BYTES");
   if (knobs.oneShotBytes > 64 * 1024)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_ONESHOT_BYTES must be at most 64K");
-  knobs.algo = lookup(knob("BRAID_ALGO")).first;
+  const auto [algo, algoSource] = lookup(knob("BRAID_ALGO"));
+  // NCCL_ALGO names NCCL's algorithms: braid's nearest stand in for them.
+  knobs.algo =
+      algoSource.find("NCCL_ALGO") != std::string::npos ? tuning::fromNcclAlgo(algo) : algo;
   tuning::AlgoPreference::parse(knobs.algo);  // rejects a bad list here, naming the knob
   const std::string tuning = lookup(knob("BRAID_TUNING")).first;
   if (tuning == "measured")

@@ -40,6 +40,76 @@ std::string namesFor(Collective collective) {
 
 }  // namespace
 
+std::string fromNcclAlgo(const std::string& text) {
+  // NCCL's algorithms in its order, and what each means here per collective.
+  struct Meaning {
+    const char* nccl;
+    std::vector<std::pair<const char*, const char*>> braid;  // (collective, algorithm)
+  };
+  static const Meaning kMeanings[] = {
+      {"tree", {{"allreduce", "tree"}}},
+      {"ring",
+       {{"allreduce", "ring"},
+        {"broadcast", "chain"},
+        {"reduce", "chain"},
+        {"allgather", "ring"},
+        {"reducescatter", "ring"}}},
+      {"collnetdirect", {}},
+      {"collnetchain", {}},
+      {"nvls", {}},
+      {"nvlstree", {}},
+      {"pat", {{"allgather", "bruck"}, {"reducescatter", "rechalving"}}},
+  };
+  constexpr size_t kCount = sizeof(kMeanings) / sizeof(kMeanings[0]);
+  auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(" \t"));
+    s.erase(s.find_last_not_of(" \t") + 1);
+    return s;
+  };
+  std::string out;
+  std::stringstream clauses(lower(text));
+  std::string clause;
+  while (std::getline(clauses, clause, ';')) {
+    clause = trim(clause);
+    if (clause.empty()) continue;
+    std::string only;  // the collective the clause is for; empty: every one
+    if (const size_t colon = clause.find(':'); colon != std::string::npos) {
+      only = trim(clause.substr(0, colon));
+      clause = trim(clause.substr(colon + 1));
+      Collective collective;
+      if (!algo::parseCollective(only, &collective))
+        throw Error(ErrorCode::InvalidArgument,
+                    format("braid: NCCL_ALGO: unknown collective '%s'", only.c_str()));
+    }
+    const bool excluding = !clause.empty() && clause[0] == '^';
+    if (excluding) clause.erase(0, 1);
+    std::array<bool, kCount> listed{};
+    std::stringstream names(clause);
+    std::string name;
+    while (std::getline(names, name, ',')) {
+      name = trim(name);
+      if (name.empty()) continue;
+      size_t i = 0;
+      while (i < kCount && name != kMeanings[i].nccl) ++i;
+      if (i == kCount)
+        throw Error(ErrorCode::InvalidArgument,
+                    format("braid: NCCL_ALGO: unknown algorithm '%s' (NCCL's are Ring, Tree, "
+                           "CollnetDirect, CollnetChain, NVLS, NVLSTree and PAT)",
+                           name.c_str()));
+      listed[i] = true;
+    }
+    for (size_t i = 0; i < kCount; ++i) {
+      if (listed[i] == excluding) continue;
+      for (const auto& [collective, algorithm] : kMeanings[i].braid) {
+        if (!only.empty() && only != collective) continue;
+        if (!out.empty()) out += ',';
+        out += std::string(collective) + ":" + algorithm;
+      }
+    }
+  }
+  return out;
+}
+
 AlgoPreference AlgoPreference::parse(const std::string& text) {
   AlgoPreference preference;
   std::array<bool, 7> prefixed{};

@@ -35,6 +35,17 @@ class AlgoPreference {
   std::array<std::vector<algo::Algorithm>, 7> allowed_;
 };
 
+// NCCL_ALGO's text as a BRAID_ALGO list: "Ring,Tree", "^Tree" (all but
+// those), or per collective "allreduce:tree,ring;broadcast:ring"; names are
+// not case-sensitive. Each NCCL algorithm stands for braid's nearest on a
+// host: Ring for ring all-reduce / all-gather / reduce-scatter and chain
+// broadcast / reduce, Tree for the double binary tree all-reduce, PAT for
+// Bruck all-gather and recursive-halving reduce-scatter; CollnetDirect,
+// CollnetChain, NVLS and NVLSTree need hardware a host lacks and add
+// nothing (a collective left with no algorithm is braid's to choose).
+// Throws Error(InvalidArgument) naming NCCL_ALGO for an unknown name.
+std::string fromNcclAlgo(const std::string& text);
+
 // The algorithm for one call: the first allowed one that applies at this
 // shape; else, with a `model`, the one the simulator predicts fastest over
 // links of that model (up to kModelRanks ranks); else braid's fixed choice
