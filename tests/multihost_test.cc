@@ -113,14 +113,10 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
   TwoHosts hosts;
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
 
-  // The root lives in this process but listens inside host 0.
-  UniqueId id;
-  Config rootConfig;
-  rootConfig.socketIfname = "bra";
-  hosts.inside(0, [&] { id = Communicator::newUniqueId(rootConfig); });
-
+  // The root lives in rank 0, inside host 0.
   RunOptions options;
-  options.id = id;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "bra";
   options.config.socketIfname = "";  // each rank uses the interface that routes to the root
   options.config.transports = "tcp";
   options.config.timeout = std::chrono::seconds(30);
@@ -150,13 +146,9 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
 TEST(MultiHost, SocketIfnameSelectsTheInterface) {
   TwoHosts hosts;
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-  UniqueId id;
-  Config rootConfig;
-  rootConfig.socketIfname = "bra";
-  hosts.inside(0, [&] { id = Communicator::newUniqueId(rootConfig); });
-
   RunOptions options;
-  options.id = id;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "bra";
   options.config.transports = "tcp";  // the namespaces share one kernel, so shm would work too
   options.enter = [&](int rank) { hosts.enter(rank); };
   runProcesses(

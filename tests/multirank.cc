@@ -87,10 +87,11 @@ void runProcesses(int nranks,
       for (int other : idPipes) ::close(other);
       if (idBack >= 0) ::close(idBack);
       runChild(fds[1], [&] {
+        if (options.enter) options.enter(rank);
         UniqueId id;
         if (maker) {
           ::close(idFds[0]);
-          id = Communicator::newUniqueId(options.config);
+          id = Communicator::newUniqueId(options.idConfig ? *options.idConfig : options.config);
           const ssize_t n = ::write(idFds[1], id.bytes.data(), sizeof(id.bytes));
           require(n == static_cast<ssize_t>(sizeof(id.bytes)), "passing the unique id on failed");
           ::close(idFds[1]);
@@ -104,7 +105,6 @@ void runProcesses(int nranks,
           }
           ::close(idFds[0]);
         }
-        if (options.enter) options.enter(rank);
         body(rank, id, options.config);
       });
     }

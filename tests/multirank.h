@@ -28,8 +28,10 @@ struct RunOptions {
   std::vector<int> absent;
   // Ranks listed here are expected to die by SIGKILL (to test peer death).
   std::vector<int> killed;
-  // The job id; empty makes a new one in this process.
+  // The job id; empty has the first rank make one (after enter(), so inside
+  // its namespace) with `idConfig`, or `config` when that is empty.
   std::optional<UniqueId> id;
+  std::optional<Config> idConfig;
   // Runs first in each rank's process (e.g. to enter a network namespace).
   std::function<void(int rank)> enter;
 

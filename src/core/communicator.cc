@@ -421,11 +421,16 @@ uint32_t tagFor(const PendingOp& op) {
 
 }  // namespace
 
+void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
+  op.plan = plans.get(op.planned, op.shape).get();
+  // (Its plan is the cache's last one: it was looked up just now.)
+  if (keep) op.keepPlan = plans.last();
+}
+
 Work Communicator::Impl::issue(PendingOp&& op) {
   op.tag = tagFor(op);
   // An op that runs later keeps its plan: the cache may evict it meanwhile.
-  // (Its plan is the cache's last one: it was looked up just now.)
-  if (groupDepth > 0 || op.async) op.keepPlan = plans.last();
+  if (groupDepth == 0) resolvePlan(op, op.async);
   if (groupDepth > 0) {
     op.work = std::make_shared<Work::State>();
     op.work->inOpenGroup = true;
@@ -617,7 +622,8 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   op.info.seq = impl.nextCollectiveSeq();
   op.info.count = shape.count;
   op.info.type = type;
-  op.plan = impl.plans.get(collective, shape).get();
+  op.planned = collective;
+  op.shape = shape;
   op.input = input;
   op.output = output;
   op.async = stream.isAsync();
@@ -720,7 +726,8 @@ PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input
   op.info.count = count;
   op.info.type = type;
   op.info.peer = peer;
-  op.plan = impl.plans.get(sending ? Collective::Send : Collective::Recv, shape).get();
+  op.planned = sending ? Collective::Send : Collective::Recv;
+  op.shape = shape;
   op.input = input;
   op.output = output;
   // The k-th send from A to B meets the k-th receive at B from A.
@@ -777,6 +784,13 @@ void Communicator::groupEnd() {
   }
   std::vector<PendingOp> ops = std::move(impl.group);
   impl.group.clear();
+  try {
+    for (PendingOp& op : ops) impl.resolvePlan(op, true);
+  } catch (const Error&) {
+    impl.group = std::move(ops);
+    impl.dropGroup(std::current_exception());
+    throw;
+  }
   for (PendingOp& op : ops) {
     std::lock_guard<std::mutex> lock(op.work->mutex);
     op.work->inOpenGroup = false;

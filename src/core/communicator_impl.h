@@ -34,8 +34,12 @@ struct Work::State {
 // One issued operation, bound to its buffers, waiting to run.
 struct PendingOp {
   exec::OpInfo info;
+  // The plan; inside a group it is looked up when the group ends (a first
+  // call may time algorithms then, with the other ranks: see resolvePlan).
   const algo::Plan* plan = nullptr;
   std::shared_ptr<const algo::Plan> keepPlan;  // set for ops that run after issue() returns
+  Collective planned = Collective::AllReduce;  // the plan's collective (Send/Recv for p2p)
+  algo::Shape shape;
   const void* input = nullptr;
   void* output = nullptr;
   uint32_t tag = 0;  // set by issue()
@@ -49,6 +53,12 @@ struct Communicator::Impl {
   Impl(std::unique_ptr<bootstrap::Bootstrap> bootstrap, const Knobs& knobs);
   ~Impl();
 
+  // Looks up the plan of `op` (and keeps it when `keep`). With measured
+  // tuning the first call of a size class times its contenders right here,
+  // running collectives with the other ranks: so an op issued inside a group
+  // is looked up when the group ends, where one thread may end the groups of
+  // several communicators at once, each on its own thread.
+  void resolvePlan(PendingOp& op, bool keep);
   // Issues `op`: into the open group, onto the progress thread, or inline.
   Work issue(PendingOp&& op);
   // Runs ops together in the calling thread and completes their Work.

@@ -457,6 +457,71 @@ void runRank(const ncclUniqueId& id, const ncclUniqueId& second) {
   nonblocking(second);
 }
 
+// One process drives several ranks: ncclCommInitAll, communicators made in
+// a group, and groups that span communicators (each rank's call waits for
+// the others, so they must run together). Also what braid does not do yet:
+// ncclInvalidUsage with a message, nothing else.
+void singleProcess() {
+  constexpr int kRanks = 3;
+  gRanks = kRanks;
+  ncclComm_t comms[kRanks];
+  const int devices[kRanks] = {7, 8, 9};
+  CHECK(ncclCommInitAll(comms, kRanks, devices));
+  std::vector<std::vector<int64_t>> data(kRanks, std::vector<int64_t>(10000));
+  for (int r = 0; r < kRanks; ++r) {
+    int device = -1;
+    CHECK(ncclCommCuDevice(comms[r], &device));
+    if (device != devices[r]) failed("ncclCommCuDevice: " + std::to_string(device));
+    for (size_t i = 0; i < data[r].size(); ++i) data[r][i] = static_cast<int64_t>(input(r, i));
+  }
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r)
+    CHECK(ncclAllReduce(data[r].data(), data[r].data(), data[r].size(), ncclInt64, ncclMax,
+                        comms[r], nullptr));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r)
+    if (data[r][5] != static_cast<int64_t>(reduced(ncclMax, ncclInt64, 5)))
+      failed("grouped all-reduce across communicators");
+  for (ncclComm_t comm : comms) CHECK(ncclCommDestroy(comm));
+
+  // Communicators made in a group, then a grouped all-gather on them.
+  ncclUniqueId id;
+  CHECK(ncclGetUniqueId(&id));
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) CHECK(ncclCommInitRank(&comms[r], kRanks, id, r));
+  CHECK(ncclGroupEnd());
+  std::vector<std::vector<float>> gathered(kRanks, std::vector<float>(kRanks * 100));
+  std::vector<float> parts[kRanks];
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) {
+    parts[r].assign(100, static_cast<float>(r));
+    CHECK(ncclAllGather(parts[r].data(), gathered[r].data(), 100, ncclFloat, comms[r], nullptr));
+  }
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r)
+    if (gathered[r][250] != 2.0f) failed("grouped all-gather on communicators made in a group");
+
+  // Not supported yet: a clear ncclInvalidUsage.
+  ncclComm_t none = nullptr;
+  ncclWindow_t window = nullptr;
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  int exclude = 1;
+  const ncclResult_t unsupported[] = {
+      ncclCommRevoke(comms[0], NCCL_REVOKE_DEFAULT),
+      ncclCommShrink(comms[0], &exclude, 1, &none, nullptr, NCCL_SHRINK_DEFAULT),
+      ncclCommWindowRegister(comms[0], parts[0].data(), 400, &window, NCCL_WIN_DEFAULT),
+      ncclGroupSimulateEnd(&sim),
+      ncclGroupEnd(),  // no group is open
+  };
+  for (ncclResult_t result : unsupported)
+    if (result != ncclInvalidUsage)
+      failed(std::string("expected ncclInvalidUsage, got ") + ncclGetErrorString(result));
+  if (std::string(ncclGetLastError(nullptr)).empty()) failed("no message for ncclInvalidUsage");
+  // An aborted communicator is freed; its peers are destroyed normally.
+  CHECK(ncclCommAbort(comms[0]));
+  for (int r = 1; r < kRanks; ++r) CHECK(ncclCommDestroy(comms[r]));
+}
+
 // What the ranks share: the ids, made by rank 0.
 struct Shared {
   std::atomic<int> ready;
@@ -498,6 +563,17 @@ int main(int argc, char** argv) {
     }
     pids.push_back(pid);
   }
+  // And one more process that drives several ranks itself.
+  const pid_t single = fork();
+  if (single == 0) {
+    alarm(240);
+    gRank = -1;
+    singleProcess();
+    if (gFailures == 0) printf("one process driving %d ranks: every check passed\n", gRanks);
+    fflush(stdout);
+    _exit(gFailures == 0 ? 0 : 1);
+  }
+  pids.push_back(single);
   int failedRanks = 0;
   for (pid_t pid : pids) {
     int status = 0;
