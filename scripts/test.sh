@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (installing and building first when needed), then
-# each fuzz target for 20 s (scripts/fuzz.sh).
+# each fuzz target for 20 s (scripts/fuzz.sh), then the unit and multi-rank
+# tests under AddressSanitizer+UBSan and ThreadSanitizer (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -8,3 +9,5 @@ scripts/build.sh
 (cd build && ctest --output-on-failure -j "${BRAID_TEST_JOBS:-2}" "$@")
 # The parsers of untrusted input under libFuzzer, briefly (BRAID_SKIP_FUZZ=1 skips).
 [ "${BRAID_SKIP_FUZZ:-0}" = 1 ] || scripts/fuzz.sh
+# The same tests built with sanitizers (BRAID_SKIP_SANITIZE=1 skips).
+[ "${BRAID_SKIP_SANITIZE:-0}" = 1 ] || scripts/sanitize.sh

@@ -198,12 +198,23 @@ ncclResult_t issued(ncclComm& comm, Work work,
   return ncclInProgress;
 }
 
-DataType typeOf(ncclDataType_t type, const char* fn) {
-  if (static_cast<int>(type) < 0 || static_cast<int>(type) >= ncclNumTypes)
-    throw Error(
-        ErrorCode::InvalidArgument,
-        format("%s: argument 'datatype' is %d, not an ncclDataType_t", fn, static_cast<int>(type)));
-  return static_cast<DataType>(type);
+// The int a caller passed as an enum. A C caller may pass any int, and
+// reading an out-of-range value as the enum type is undefined in C++: its
+// bytes are read instead.
+template <typename Enum>
+int rawValue(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "NCCL's enums are int-sized");
+  int raw;
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
+DataType typeOf(const ncclDataType_t& type, const char* fn) {
+  const int raw = rawValue(type);
+  if (raw < 0 || raw >= ncclNumTypes)
+    throw Error(ErrorCode::InvalidArgument,
+                format("%s: argument 'datatype' is %d, not an ncclDataType_t", fn, raw));
+  return static_cast<DataType>(raw);
 }
 
 // Multiplies `count` elements of `type` at `in` by the scalar at `scalar`
@@ -273,8 +284,9 @@ struct Reduction {
   const void* scalar = nullptr;
 };
 
-Reduction reductionOf(const ncclComm& comm, ncclRedOp_t op, ncclDataType_t type, const char* fn) {
-  const int value = static_cast<int>(op);
+Reduction reductionOf(const ncclComm& comm, const ncclRedOp_t& op, ncclDataType_t type,
+                      const char* fn) {
+  const int value = rawValue(op);
   if (value >= 0 && value < ncclNumOps) return {static_cast<ReduceOp>(value), nullptr};
   const size_t index = static_cast<size_t>(value - ncclNumOps);
   if (value < ncclNumOps || index >= comm.redOps.size() || !comm.redOps[index].live)
@@ -575,7 +587,7 @@ NCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
 }
 
 NCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
-  switch (result) {
+  switch (static_cast<ncclResult_t>(std::clamp(rawValue(result), 0, int{ncclNumResults}))) {
     case ncclSuccess:
       return "no error";
     case ncclUnhandledCudaError:
@@ -732,8 +744,9 @@ NCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
     if (ncclResult_t bad = need(op, fn, "op")) return bad;
     if (ncclResult_t bad = need(scalar, fn, "scalar")) return bad;
     typeOf(datatype, fn);
-    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
-      return badArgument(fn, format("argument 'residence' is %d", static_cast<int>(residence)));
+    const int where = rawValue(residence);
+    if (where != ncclScalarDevice && where != ncclScalarHostImmediate)
+      return badArgument(fn, format("argument 'residence' is %d", where));
     ncclComm::PreMulSum custom;
     custom.live = true;
     custom.type = datatype;
@@ -757,7 +770,7 @@ NCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
 NCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const char* fn = "ncclRedOpDestroy";
   if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  const int value = static_cast<int>(op);
+  const int value = rawValue(op);
   const size_t index = static_cast<size_t>(value - ncclNumOps);
   if (value < ncclNumOps || index >= comm->redOps.size() || !comm->redOps[index].live)
     return badArgument(fn, format("argument 'op' is %d, not an operator made by "
