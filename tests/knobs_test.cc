@@ -10,6 +10,7 @@
 
 #include "braid/config.h"
 #include "braid/error.h"
+#include "core/log.h"
 #include "tuning/algo_choice.h"
 
 namespace braid {
@@ -84,6 +85,23 @@ TEST(Knobs, NcclAlgoMapsToBraidsNearestAlgorithms) {
   ::setenv("NCCL_ALGO", "Spiral", 1);
   expectRefused("", "NCCL_ALGO", [](const std::string&) { Knobs::resolve(Config{}); });
   ::unsetenv("NCCL_ALGO");
+}
+
+// NCCL's logging variables count while braid's are unset. (The settings are
+// read once per process: this test sets them before anything logs.)
+TEST(Knobs, NcclDebugVariablesSetTheLogLevelAndSubsystems) {
+  ::setenv("NCCL_DEBUG", "INFO", 1);
+  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+  ::unsetenv("BRAID_LOG_LEVEL");
+  ::unsetenv("BRAID_LOG_SUBSYS");
+  EXPECT_TRUE(log::enabled(log::Level::Info, log::Subsys::Init));
+  EXPECT_TRUE(log::enabled(log::Level::Info, log::Subsys::Tcp));  // NCCL's NET
+  EXPECT_FALSE(log::enabled(log::Level::Info, log::Subsys::Coll));
+  EXPECT_FALSE(log::enabled(log::Level::Debug, log::Subsys::Init));
+  // The socket interface alias.
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  EXPECT_EQ(Knobs::resolve(Config{}).socketIfname, "lo");
+  ::unsetenv("NCCL_SOCKET_IFNAME");
 }
 
 }  // namespace

@@ -30,18 +30,24 @@ struct Settings {
       if (strcasecmp(nccl, "INFO") == 0) level = Level::Info;
       if (strcasecmp(nccl, "TRACE") == 0) level = Level::Trace;
     }
+    // A list of subsystems, or with a leading '^' the ones to leave out.
+    // NCCL_DEBUG_SUBSYS's NET stands for tcp, its SHM and P2P for exec.
     const char* filter = std::getenv("BRAID_LOG_SUBSYS");
     if (!filter || !*filter) filter = std::getenv("NCCL_DEBUG_SUBSYS");
     if (filter && *filter && strcasecmp(filter, "all") != 0) {
-      for (bool& on : subsys) on = false;
-      std::string list(filter);
+      const bool excluding = *filter == '^';
+      for (bool& on : subsys) on = excluding;
+      std::string list(filter + (excluding ? 1 : 0));
       size_t start = 0;
       while (start <= list.size()) {
         size_t end = list.find(',', start);
         if (end == std::string::npos) end = list.size();
         std::string name = list.substr(start, end - start);
+        if (strcasecmp(name.c_str(), "net") == 0) name = "tcp";
+        if (strcasecmp(name.c_str(), "shm") == 0 || strcasecmp(name.c_str(), "p2p") == 0)
+          name = "exec";
         for (int i = 0; i < kNumSubsys; ++i)
-          if (strcasecmp(name.c_str(), kSubsysNames[i]) == 0) subsys[i] = true;
+          if (strcasecmp(name.c_str(), kSubsysNames[i]) == 0) subsys[i] = !excluding;
         start = end + 1;
       }
     }
