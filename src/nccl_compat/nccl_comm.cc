@@ -1,6 +1,7 @@
-// The NCCL C API (include/braid/nccl/nccl.h) over braid::Communicator:
-// libnccl.so.2. Every function is defined under its pnccl name and exported
-// under its nccl name too, as a weak alias (a profiler may interpose it).
+// The C API's communicators and groups: init (also several ranks from one
+// thread, and nonblocking), split, finalize, destroy, abort, queries, errors,
+// ncclMemAlloc, registration, and ncclGroupStart/End. Collectives are in
+// nccl_collectives.cc.
 //
 // Nothing throws across the C boundary: each call catches braid's errors,
 // keeps the message for ncclGetLastError and returns the matching result.
@@ -12,49 +13,19 @@
 // A nonblocking communicator (config.blocking = 0) runs its work on braid's
 // progress thread: calls return ncclInProgress and ncclCommGetAsyncError
 // says when it is done.
-#include <algorithm>
-#include <array>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <new>
-#include <string>
-#include <thread>
-#include <type_traits>
-#include <unordered_set>
-#include <vector>
-
-#include "braid/braid.h"
 #include "braid/memory.h"
-#include "braid/nccl/nccl.h"
-#include "core/errors.h"
-#include "reduce/float_convert.h"
-
-#define NCCL_EXPORT __attribute__((visibility("default")))
-// Defines pncclNAME and makes ncclNAME a weak alias of it.
-#define NCCL_ALIAS(ret, name, args) \
-  extern "C" NCCL_EXPORT ret nccl##name args __attribute__((weak, alias("pnccl" #name)))
+#include "nccl_compat/nccl_internal.h"
 
 static_assert(sizeof(ncclUniqueId) == sizeof(braid::UniqueId::bytes), "ids must match");
-static_assert(static_cast<int>(ncclNumTypes) == braid::kNumDataTypes, "types must match");
 
+namespace braid::nccl {
 namespace {
-
-using braid::Communicator;
-using braid::DataType;
-using braid::Error;
-using braid::ErrorCode;
-using braid::format;
-using braid::ReduceOp;
-using braid::Stream;
-using braid::Work;
 
 constexpr unsigned kConfigMagic = 0xcafebeef;
 
 thread_local std::string tLastError;
+
+}  // namespace
 
 ncclResult_t resultOf(ErrorCode code) {
   switch (code) {
@@ -85,88 +56,11 @@ ncclResult_t badArgument(const char* fn, const std::string& what) {
   return failWith(ncclInvalidArgument, format("%s: %s", fn, what.c_str()));
 }
 
-// Runs `body`, turning what it throws into a result.
-template <typename Body>
-ncclResult_t guarded(const char* fn, Body&& body) {
-  try {
-    return body();
-  } catch (const Error& error) {
-    return failWith(resultOf(error.code()), format("%s: %s", fn, error.what()));
-  } catch (const std::bad_alloc&) {
-    return failWith(ncclSystemError, format("%s: out of memory", fn));
-  } catch (const std::exception& error) {
-    return failWith(ncclInternalError, format("%s: %s", fn, error.what()));
-  }
-}
-
+namespace {
+thread_local Group tGroup;
 }  // namespace
 
-// A communicator handle. `comm` is set once the communicator exists: at
-// once for a blocking init outside a group, at ncclGroupEnd inside one, on
-// the init thread for a nonblocking one.
-struct ncclComm {
-  Communicator comm;
-  int device = -1;
-  bool blocking = true;
-  std::string name;
-
-  // A nonblocking init runs on `initThread`; `ready` says it has finished,
-  // `initResult` how.
-  std::thread initThread;
-  std::atomic<bool> ready{true};
-  ncclResult_t initResult = ncclSuccess;
-  std::string initError;
-
-  // Work issued on the progress thread and not yet seen complete, with the
-  // scratch it reads (a pre-multiplied input).
-  struct Outstanding {
-    Work work;
-    std::shared_ptr<std::vector<std::byte>> scratch;
-  };
-  std::vector<Outstanding> outstanding;
-  ncclResult_t asyncError = ncclSuccess;  // the first error of work that ran in the background
-  std::string asyncMessage;
-
-  // Operators from ncclRedOpCreatePreMulSum, numbered from ncclNumOps.
-  struct PreMulSum {
-    bool live = false;
-    ncclDataType_t type = ncclFloat32;
-    bool immediate = false;
-    std::array<std::byte, 8> value{};  // the scalar, when immediate
-    const void* scalar = nullptr;      // read at each collective otherwise
-  };
-  std::vector<PreMulSum> redOps;
-
-  struct Registration {
-    void* buffer;
-    size_t size;
-  };
-  std::unordered_set<Registration*> registrations;
-
-  ~ncclComm() {
-    if (initThread.joinable()) initThread.join();
-    for (Registration* registration : registrations) delete registration;
-  }
-
-  // Waits for a nonblocking init; its failure is the communicator's.
-  void waitReady() {
-    if (initThread.joinable()) initThread.join();
-    if (initResult != ncclSuccess) throw Error(ErrorCode::InvalidUsage, initError);
-  }
-};
-
-namespace {
-
-// This thread's open group.
-struct Group {
-  int depth = 0;
-  std::vector<ncclComm*> comms;                  // communicators with calls in it, first use first
-  std::vector<std::function<void()>> creations;  // inits and splits, run at ncclGroupEnd
-  std::vector<ncclComm::Outstanding> keep;       // scratch the group's ops read
-};
-thread_local Group tGroup;
-
-Stream streamFor(const ncclComm* comm) { return comm->blocking ? Stream() : Stream::async(); }
+Group& openGroup() { return tGroup; }
 
 // The communicator behind a handle, ready for a call of `fn`.
 ncclComm& usable(ncclComm* comm, const char* fn) {
@@ -184,8 +78,7 @@ ncclComm& usable(ncclComm* comm, const char* fn) {
 }
 
 // Result of an op just issued: a nonblocking communicator keeps its work.
-ncclResult_t issued(ncclComm& comm, Work work,
-                    std::shared_ptr<std::vector<std::byte>> scratch = nullptr) {
+ncclResult_t issued(ncclComm& comm, Work work, std::shared_ptr<std::vector<std::byte>> scratch) {
   if (tGroup.depth > 0) {
     if (!comm.blocking)
       comm.outstanding.push_back({std::move(work), std::move(scratch)});
@@ -198,17 +91,6 @@ ncclResult_t issued(ncclComm& comm, Work work,
   return ncclInProgress;
 }
 
-// The int a caller passed as an enum. A C caller may pass any int, and
-// reading an out-of-range value as the enum type is undefined in C++: its
-// bytes are read instead.
-template <typename Enum>
-int rawValue(const Enum& value) {
-  static_assert(sizeof(Enum) == sizeof(int), "NCCL's enums are int-sized");
-  int raw;
-  std::memcpy(&raw, &value, sizeof(raw));
-  return raw;
-}
-
 DataType typeOf(const ncclDataType_t& type, const char* fn) {
   const int raw = rawValue(type);
   if (raw < 0 || raw >= ncclNumTypes)
@@ -217,101 +99,7 @@ DataType typeOf(const ncclDataType_t& type, const char* fn) {
   return static_cast<DataType>(raw);
 }
 
-// Multiplies `count` elements of `type` at `in` by the scalar at `scalar`
-// (of the same type) into `out`, in the type's own arithmetic: integers wrap,
-// narrow floats are multiplied in float and rounded once.
-void scale(void* out, const void* in, size_t count, ncclDataType_t type, const void* scalar) {
-  namespace fc = braid::reduce::detail;
-  auto each = [&](auto tag, auto widen, auto narrow) {
-    using T = decltype(tag);
-    T factor;
-    std::memcpy(&factor, scalar, sizeof(T));
-    const auto f = widen(factor);
-    const T* from = static_cast<const T*>(in);
-    T* to = static_cast<T*>(out);
-    for (size_t i = 0; i < count; ++i) to[i] = narrow(widen(from[i]) * f);
-  };
-  auto same = [](auto v) { return v; };
-  auto wrap = [](auto tag) {  // integer multiply modulo 2^bits
-    using T = decltype(tag);
-    using U = std::make_unsigned_t<T>;
-    using Wide = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-    return [](T a, T b) { return static_cast<T>(static_cast<U>(Wide(U(a)) * Wide(U(b)))); };
-  };
-  auto integers = [&](auto tag) {
-    using T = decltype(tag);
-    T factor;
-    std::memcpy(&factor, scalar, sizeof(T));
-    const auto mul = wrap(tag);
-    const T* from = static_cast<const T*>(in);
-    T* to = static_cast<T*>(out);
-    for (size_t i = 0; i < count; ++i) to[i] = mul(from[i], factor);
-  };
-  switch (type) {
-    case ncclInt8:
-      return integers(int8_t{});
-    case ncclUint8:
-      return integers(uint8_t{});
-    case ncclInt32:
-      return integers(int32_t{});
-    case ncclUint32:
-      return integers(uint32_t{});
-    case ncclInt64:
-      return integers(int64_t{});
-    case ncclUint64:
-      return integers(uint64_t{});
-    case ncclFloat32:
-      return each(float{}, same, same);
-    case ncclFloat64:
-      return each(double{}, same, same);
-    case ncclFloat16:
-      return each(uint16_t{}, fc::halfToFloatInline, fc::floatToHalfInline);
-    case ncclBfloat16:
-      return each(uint16_t{}, fc::bf16ToFloatInline, fc::floatToBf16Inline);
-    case ncclFloat8e4m3:
-      return each(uint8_t{}, fc::fp8e4m3ToFloatInline, fc::floatToFp8e4m3Inline);
-    case ncclFloat8e5m2:
-      return each(uint8_t{}, fc::fp8e5m2ToFloatInline, fc::floatToFp8e5m2Inline);
-    case ncclNumTypes:
-      break;
-  }
-}
-
-// A reduction operator resolved for one call: braid's op, and for a
-// PreMulSum the scalar that multiplies the inputs first (null otherwise).
-struct Reduction {
-  ReduceOp op = ReduceOp::Sum;
-  const void* scalar = nullptr;
-};
-
-Reduction reductionOf(const ncclComm& comm, const ncclRedOp_t& op, ncclDataType_t type,
-                      const char* fn) {
-  const int value = rawValue(op);
-  if (value >= 0 && value < ncclNumOps) return {static_cast<ReduceOp>(value), nullptr};
-  const size_t index = static_cast<size_t>(value - ncclNumOps);
-  if (value < ncclNumOps || index >= comm.redOps.size() || !comm.redOps[index].live)
-    throw Error(ErrorCode::InvalidArgument,
-                format("%s: argument 'op' is %d, neither a built-in operator nor one made by "
-                       "ncclRedOpCreatePreMulSum on this communicator",
-                       fn, value));
-  const ncclComm::PreMulSum& custom = comm.redOps[index];
-  if (custom.type != type)
-    throw Error(ErrorCode::InvalidArgument,
-                format("%s: argument 'op' %d was made for datatype %d, not %d", fn, value,
-                       static_cast<int>(custom.type), static_cast<int>(type)));
-  return {ReduceOp::Sum, custom.immediate ? custom.value.data() : custom.scalar};
-}
-
-// The input of a reducing call under `reduction`: `send` itself, or a copy
-// multiplied by the PreMulSum scalar (kept in *scratch until the op is done).
-const void* reductionInput(const Reduction& reduction, const void* send, size_t count,
-                           ncclDataType_t type, std::shared_ptr<std::vector<std::byte>>* scratch) {
-  if (!reduction.scalar || count == 0 || !send) return send;
-  const size_t bytes = count * braid::dataTypeSize(static_cast<DataType>(type));
-  *scratch = std::make_shared<std::vector<std::byte>>(bytes);
-  scale((*scratch)->data(), send, count, type, reduction.scalar);
-  return (*scratch)->data();
-}
+namespace {
 
 // Copies a user's config after checking it was initialized.
 void readConfig(const ncclConfig_t* config, ncclComm* comm, const char* fn) {
@@ -411,14 +199,10 @@ void runTogether(std::vector<std::function<void()>>& jobs) {
   for (const std::exception_ptr& error : errors)
     if (error) std::rethrow_exception(error);
 }
-
-// ncclSuccess when `pointer` is set, else the error naming argument `name`.
-template <typename T>
-ncclResult_t need(T* pointer, const char* fn, const char* name) {
-  return pointer ? ncclSuccess : badArgument(fn, format("argument '%s' is NULL", name));
-}
-
 }  // namespace
+}  // namespace braid::nccl
+
+using namespace braid::nccl;
 
 extern "C" {
 
@@ -734,245 +518,6 @@ NCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t
                   "braid yet");
 }
 
-NCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
-                                                   ncclDataType_t datatype,
-                                                   ncclScalarResidence_t residence,
-                                                   ncclComm_t comm) {
-  const char* fn = "ncclRedOpCreatePreMulSum";
-  return guarded(fn, [&] {
-    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-    if (ncclResult_t bad = need(op, fn, "op")) return bad;
-    if (ncclResult_t bad = need(scalar, fn, "scalar")) return bad;
-    typeOf(datatype, fn);
-    const int where = rawValue(residence);
-    if (where != ncclScalarDevice && where != ncclScalarHostImmediate)
-      return badArgument(fn, format("argument 'residence' is %d", where));
-    ncclComm::PreMulSum custom;
-    custom.live = true;
-    custom.type = datatype;
-    custom.immediate = residence == ncclScalarHostImmediate;
-    if (custom.immediate)
-      std::memcpy(custom.value.data(), scalar,
-                  braid::dataTypeSize(static_cast<DataType>(datatype)));
-    else
-      custom.scalar = scalar;  // host memory here: read at each collective
-    size_t index = 0;
-    while (index < comm->redOps.size() && comm->redOps[index].live) ++index;
-    if (index == comm->redOps.size()) comm->redOps.emplace_back();
-    if (index > static_cast<size_t>(ncclMaxRedOp - ncclNumOps))
-      return failWith(ncclInvalidUsage, format("%s: too many operators", fn));
-    comm->redOps[index] = custom;
-    *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(index));
-    return ncclSuccess;
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  const char* fn = "ncclRedOpDestroy";
-  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  const int value = rawValue(op);
-  const size_t index = static_cast<size_t>(value - ncclNumOps);
-  if (value < ncclNumOps || index >= comm->redOps.size() || !comm->redOps[index].live)
-    return badArgument(fn, format("argument 'op' is %d, not an operator made by "
-                                  "ncclRedOpCreatePreMulSum on this communicator",
-                                  value));
-  comm->redOps[index].live = false;
-  return ncclSuccess;
-}
-
-NCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                        cudaStream_t) {
-  const char* fn = "ncclAllReduce";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    const Reduction reduction = reductionOf(c, op, datatype, fn);
-    std::shared_ptr<std::vector<std::byte>> scratch;
-    const void* input = reductionInput(reduction, sendbuff, count, datatype, &scratch);
-    Work work = c.comm.allReduce(input, recvbuff, count, type, reduction.op, streamFor(&c));
-    return issued(c, std::move(work), std::move(scratch));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                     ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                     ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclReduce";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    const Reduction reduction = reductionOf(c, op, datatype, fn);
-    std::shared_ptr<std::vector<std::byte>> scratch;
-    const void* input = reductionInput(reduction, sendbuff, count, datatype, &scratch);
-    Work work = c.comm.reduce(input, recvbuff, count, type, reduction.op, root, streamFor(&c));
-    return issued(c, std::move(work), std::move(scratch));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                                        ncclDataType_t datatype, int root, ncclComm_t comm,
-                                        cudaStream_t) {
-  const char* fn = "ncclBroadcast";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.broadcast(sendbuff, recvbuff, count, type, root, streamFor(&c)));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                                    ncclComm_t comm, cudaStream_t stream) {
-  return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
-}
-
-NCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                            ncclDataType_t datatype, ncclRedOp_t op,
-                                            ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclReduceScatter";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    const Reduction reduction = reductionOf(c, op, datatype, fn);
-    std::shared_ptr<std::vector<std::byte>> scratch;
-    const size_t total = recvcount * static_cast<size_t>(c.comm.size());
-    const void* input = reductionInput(reduction, sendbuff, total, datatype, &scratch);
-    Work work = c.comm.reduceScatter(input, recvbuff, recvcount, type, reduction.op, streamFor(&c));
-    return issued(c, std::move(work), std::move(scratch));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                        ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclAllGather";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.allGather(sendbuff, recvbuff, sendcount, type, streamFor(&c)));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclSend";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.send(sendbuff, count, type, peer, streamFor(&c)));
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                   ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclRecv";
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.recv(recvbuff, count, type, peer, streamFor(&c)));
-  });
-}
-
-}  // extern "C"
-
-namespace {
-
-// An exchange of point-to-point pieces run as one group: AlltoAll, Gather
-// and Scatter. `sendTo(p)` and `recvFrom(p)` give each peer's piece (null:
-// none).
-ncclResult_t exchange(const char* fn, ncclComm_t comm, ncclDataType_t datatype, size_t count,
-                      const std::function<const void*(int)>& sendTo,
-                      const std::function<void*(int)>& recvFrom) {
-  return guarded(fn, [&] {
-    ncclComm& c = usable(comm, fn);
-    const DataType type = typeOf(datatype, fn);
-    const int n = c.comm.size();
-    const bool ownGroup = tGroup.depth == 0;
-    if (ownGroup) c.comm.groupStart();
-    std::vector<Work> works;
-    try {
-      for (int p = 0; p < n; ++p) {
-        if (const void* piece = sendTo(p))
-          works.push_back(c.comm.send(piece, count, type, p, streamFor(&c)));
-        if (void* piece = recvFrom(p))
-          works.push_back(c.comm.recv(piece, count, type, p, streamFor(&c)));
-      }
-    } catch (...) {
-      if (ownGroup) c.comm.groupEnd();  // runs the pieces already issued: peers expect them
-      throw;
-    }
-    if (ownGroup) c.comm.groupEnd();
-    ncclResult_t result = ncclSuccess;
-    for (Work& work : works) result = issued(c, std::move(work));
-    return result;
-  });
-}
-
-// Element `index * count` of `base` in `type`.
-template <typename Pointer>
-Pointer pieceOf(Pointer base, int index, size_t count, ncclDataType_t type) {
-  const size_t bytes = count * braid::dataTypeSize(static_cast<DataType>(type));
-  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, const std::byte,
-                                  std::byte>;
-  return reinterpret_cast<Pointer>(reinterpret_cast<Byte*>(base) +
-                                   static_cast<size_t>(index) * bytes);
-}
-
-}  // namespace
-
-extern "C" {
-
-NCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                                       ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  const char* fn = "ncclAlltoAll";
-  if (!sendbuff && count > 0) return badArgument(fn, "argument 'sendbuff' is NULL");
-  if (!recvbuff && count > 0) return badArgument(fn, "argument 'recvbuff' is NULL");
-  return exchange(
-      fn, comm, datatype, count, [&](int p) { return pieceOf(sendbuff, p, count, datatype); },
-      [&](int p) { return pieceOf(recvbuff, p, count, datatype); });
-}
-
-NCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
-                                     ncclDataType_t datatype, int root, ncclComm_t comm,
-                                     cudaStream_t) {
-  const char* fn = "ncclGather";
-  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  return guarded(fn, [&] {
-    const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
-    if (root < 0 || root >= n)
-      return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
-    if (!sendbuff && count > 0) return badArgument(fn, "argument 'sendbuff' is NULL");
-    if (rank == root && !recvbuff && count > 0)
-      return badArgument(fn, "argument 'recvbuff' is NULL");
-    return exchange(
-        fn, comm, datatype, count,
-        [&](int p) -> const void* { return p == root ? sendbuff : nullptr; },
-        [&](int p) -> void* {
-          return rank == root ? pieceOf(recvbuff, p, count, datatype) : nullptr;
-        });
-  });
-}
-
-NCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
-                                      ncclDataType_t datatype, int root, ncclComm_t comm,
-                                      cudaStream_t) {
-  const char* fn = "ncclScatter";
-  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  return guarded(fn, [&] {
-    const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
-    if (root < 0 || root >= n)
-      return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
-    if (rank == root && !sendbuff && count > 0)
-      return badArgument(fn, "argument 'sendbuff' is NULL");
-    if (!recvbuff && count > 0) return badArgument(fn, "argument 'recvbuff' is NULL");
-    return exchange(
-        fn, comm, datatype, count,
-        [&](int p) -> const void* {
-          return rank == root ? pieceOf(sendbuff, p, count, datatype) : nullptr;
-        },
-        [&](int p) -> void* { return p == root ? recvbuff : nullptr; });
-  });
-}
-
 NCCL_EXPORT ncclResult_t pncclGroupStart() {
   ++tGroup.depth;
   return ncclSuccess;
@@ -1050,43 +595,6 @@ NCCL_ALIAS(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
 NCCL_ALIAS(ncclResult_t, CommWindowRegister,
            (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 NCCL_ALIAS(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
-NCCL_ALIAS(ncclResult_t, RedOpCreatePreMulSum,
-           (ncclRedOp_t * op, void* scalar, ncclDataType_t datatype,
-            ncclScalarResidence_t residence, ncclComm_t comm));
-NCCL_ALIAS(ncclResult_t, RedOpDestroy, (ncclRedOp_t op, ncclComm_t comm));
-NCCL_ALIAS(ncclResult_t, AllReduce,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Reduce,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Broadcast,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-            ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Bcast,
-           (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
-            cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, ReduceScatter,
-           (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, AllGather,
-           (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-            ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, AlltoAll,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-            ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Gather,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-            ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Scatter,
-           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-            ncclComm_t comm, cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Send,
-           (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-            cudaStream_t stream));
-NCCL_ALIAS(ncclResult_t, Recv,
-           (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-            cudaStream_t stream));
 NCCL_ALIAS(ncclResult_t, GroupStart, ());
 NCCL_ALIAS(ncclResult_t, GroupEnd, ());
 NCCL_ALIAS(ncclResult_t, GroupSimulateEnd, (ncclSimInfo_t * simInfo));

@@ -1,0 +1,161 @@
+// Internal to libnccl.so.2: the communicator handle, this thread's group,
+// and the helpers both halves of the C API use (nccl_comm.cc: communicators
+// and groups; nccl_collectives.cc: operators and collectives).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "braid/braid.h"
+#include "braid/nccl/nccl.h"
+#include "core/errors.h"
+
+#define NCCL_EXPORT __attribute__((visibility("default")))
+// Makes ncclNAME a weak alias of pncclNAME, which must be defined in the same
+// file (a profiler may interpose the first).
+#define NCCL_ALIAS(ret, name, args) \
+  extern "C" NCCL_EXPORT ret nccl##name args __attribute__((weak, alias("pnccl" #name)))
+
+namespace braid::nccl {
+
+using braid::Communicator;
+using braid::DataType;
+using braid::Error;
+using braid::ErrorCode;
+using braid::format;
+using braid::ReduceOp;
+using braid::Stream;
+using braid::Work;
+
+// The ncclResult_t for a braid error code.
+ncclResult_t resultOf(ErrorCode code);
+// Keeps `message` for ncclGetLastError (per thread) and returns `result`.
+ncclResult_t failWith(ncclResult_t result, std::string message);
+// A bad argument of function `fn`: ncclInvalidArgument.
+ncclResult_t badArgument(const char* fn, const std::string& what);
+
+// Runs `body`, turning what it throws into a result.
+template <typename Body>
+ncclResult_t guarded(const char* fn, Body&& body) {
+  try {
+    return body();
+  } catch (const Error& error) {
+    return failWith(resultOf(error.code()), format("%s: %s", fn, error.what()));
+  } catch (const std::bad_alloc&) {
+    return failWith(ncclSystemError, format("%s: out of memory", fn));
+  } catch (const std::exception& error) {
+    return failWith(ncclInternalError, format("%s: %s", fn, error.what()));
+  }
+}
+
+// ncclSuccess when `pointer` is set, else the error naming argument `name`.
+template <typename T>
+ncclResult_t need(T* pointer, const char* fn, const char* name) {
+  return pointer ? ncclSuccess : badArgument(fn, format("argument '%s' is NULL", name));
+}
+
+// The int a caller passed as an enum. A C caller may pass any int, and
+// reading an out-of-range value as the enum type is undefined in C++: its
+// bytes are read instead.
+template <typename Enum>
+int rawValue(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "NCCL's enums are int-sized");
+  int raw;
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
+}  // namespace braid::nccl
+
+// A communicator handle. `comm` is set once the communicator exists: at
+// once for a blocking init outside a group, at ncclGroupEnd inside one, on
+// the init thread for a nonblocking one.
+struct ncclComm {
+  braid::Communicator comm;
+  int device = -1;
+  bool blocking = true;
+  std::string name;
+
+  // A nonblocking init runs on `initThread`; `ready` says it has finished,
+  // `initResult` how.
+  std::thread initThread;
+  std::atomic<bool> ready{true};
+  ncclResult_t initResult = ncclSuccess;
+  std::string initError;
+
+  // Work issued on the progress thread and not yet seen complete, with the
+  // scratch it reads (a pre-multiplied input).
+  struct Outstanding {
+    braid::Work work;
+    std::shared_ptr<std::vector<std::byte>> scratch;
+  };
+  std::vector<Outstanding> outstanding;
+  ncclResult_t asyncError = ncclSuccess;  // the first error of work that ran in the background
+  std::string asyncMessage;
+
+  // Operators from ncclRedOpCreatePreMulSum, numbered from ncclNumOps.
+  struct PreMulSum {
+    bool live = false;
+    ncclDataType_t type = ncclFloat32;
+    bool immediate = false;
+    std::array<std::byte, 8> value{};  // the scalar, when immediate
+    const void* scalar = nullptr;      // read at each collective otherwise
+  };
+  std::vector<PreMulSum> redOps;
+
+  struct Registration {
+    void* buffer;
+    size_t size;
+  };
+  std::unordered_set<Registration*> registrations;
+
+  ~ncclComm() {
+    if (initThread.joinable()) initThread.join();
+    for (Registration* registration : registrations) delete registration;
+  }
+
+  // Waits for a nonblocking init; its failure is the communicator's.
+  void waitReady() {
+    if (initThread.joinable()) initThread.join();
+    if (initResult != ncclSuccess) throw braid::Error(braid::ErrorCode::InvalidUsage, initError);
+  }
+};
+
+namespace braid::nccl {
+
+// This thread's open group.
+struct Group {
+  int depth = 0;
+  std::vector<ncclComm*> comms;                  // communicators with calls in it, first use first
+  std::vector<std::function<void()>> creations;  // inits and splits, run at ncclGroupEnd
+  std::vector<ncclComm::Outstanding> keep;       // scratch the group's ops read
+};
+// This thread's open group (ncclGroupStart to the matching ncclGroupEnd).
+Group& openGroup();
+
+inline Stream streamFor(const ncclComm* comm) {
+  return comm->blocking ? Stream() : Stream::async();
+}
+
+// The communicator behind a handle, ready for a call of `fn`; inside a
+// group, its calls gather in a braid group from here on.
+ncclComm& usable(ncclComm* comm, const char* fn);
+
+// Result of an op just issued: a nonblocking communicator keeps its work
+// (and the scratch it reads) until ncclCommGetAsyncError sees it done.
+ncclResult_t issued(ncclComm& comm, Work work,
+                    std::shared_ptr<std::vector<std::byte>> scratch = nullptr);
+
+// braid's DataType for an ncclDataType_t, or InvalidArgument naming `fn`.
+DataType typeOf(const ncclDataType_t& type, const char* fn);
+
+}  // namespace braid::nccl
