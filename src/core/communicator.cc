@@ -427,7 +427,66 @@ void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
   if (keep) op.keepPlan = plans.last();
 }
 
+void Communicator::Impl::verifySameCollective(const PendingOp& op) {
+  constexpr size_t kFields = 6;
+  const int64_t mine[kFields] = {static_cast<int64_t>(op.info.seq),
+                                 static_cast<int64_t>(op.collective),
+                                 static_cast<int64_t>(op.info.type),
+                                 static_cast<int64_t>(op.info.count),
+                                 op.info.reduces ? static_cast<int64_t>(op.info.op) : -1,
+                                 op.info.root};
+  std::vector<int64_t> all(kFields * static_cast<size_t>(nranks));
+  algo::Shape shape = shapes[static_cast<size_t>(DataType::Int64)];
+  shape.count = kFields;
+  const algo::Plan plan = algo::makePlan(
+      Collective::AllGather,
+      tuning::choose(Collective::AllGather, shape, tuning::AlgoPreference{}, knobs.oneShotBytes),
+      shape);
+  PendingOp check;
+  check.collective = Collective::AllGather;
+  check.info.name = "allGather (BRAID_DEBUG_COLLECTIVES check)";
+  check.info.seq = nextCollectiveSeq();
+  check.info.count = kFields;
+  check.info.type = DataType::Int64;
+  check.plan = &plan;
+  check.input = mine;
+  check.output = all.data();
+  check.tag = tagFor(check);
+  waitForAsyncIdle();  // the check runs on this thread, now
+  execute(&check, 1);
+  auto describe = [&](const int64_t* f) {
+    std::string text =
+        format("%s #%lld (count %lld, %s", algo::collectiveName(static_cast<Collective>(f[1])),
+               static_cast<long long>(f[0]), static_cast<long long>(f[3]),
+               dataTypeName(static_cast<DataType>(f[2])));
+    if (f[4] >= 0) text += format(", %s", reduceOpName(static_cast<ReduceOp>(f[4])));
+    if (f[5] >= 0) text += format(", root %lld", static_cast<long long>(f[5]));
+    return text + ")";
+  };
+  bool same = true;
+  for (size_t r = 1; r < static_cast<size_t>(nranks); ++r)
+    same &= std::equal(all.begin(), all.begin() + kFields, all.begin() + r * kFields);
+  if (same) return;
+  // Group the ranks by what they called.
+  std::string message = "BRAID_DEBUG_COLLECTIVES: the ranks called different collectives:";
+  std::vector<bool> told(static_cast<size_t>(nranks), false);
+  for (size_t r = 0; r < static_cast<size_t>(nranks); ++r) {
+    if (told[r]) continue;
+    std::string ranks;
+    for (size_t q = r; q < static_cast<size_t>(nranks); ++q)
+      if (!told[q] && std::equal(all.begin() + r * kFields, all.begin() + (r + 1) * kFields,
+                                 all.begin() + q * kFields)) {
+        told[q] = true;
+        ranks += format("%s%zu", ranks.empty() ? "" : ", ", q);
+      }
+    message += format(" rank%s %s called %s;", ranks.find(',') != std::string::npos ? "s" : "",
+                      ranks.c_str(), describe(&all[r * kFields]).c_str());
+  }
+  fail(ErrorCode::InvalidUsage, rank, message);
+}
+
 Work Communicator::Impl::issue(PendingOp&& op) {
+  if (knobs.debugCollectives && !op.pointToPoint) verifySameCollective(op);
   op.tag = tagFor(op);
   // An op that runs later keeps its plan: the cache may evict it meanwhile.
   if (groupDepth == 0) resolvePlan(op, op.async);

@@ -59,6 +59,12 @@ struct Communicator::Impl {
   // is looked up when the group ends, where one thread may end the groups of
   // several communicators at once, each on its own thread.
   void resolvePlan(PendingOp& op, bool keep);
+  // BRAID_DEBUG_COLLECTIVES: every rank's fingerprint of collective `op`
+  // (sequence number, collective, type, count, op, root) to every rank, by a
+  // small all-gather run now; InvalidUsage on every rank naming the ranks
+  // that called something else, and what each called. Not sticky: nothing
+  // of the op has moved.
+  void verifySameCollective(const PendingOp& op);
   // Issues `op`: into the open group, onto the progress thread, or inline.
   Work issue(PendingOp&& op);
   // Runs ops together in the calling thread and completes their Work.

@@ -48,6 +48,10 @@ const std::vector<KnobInfo>& knobTable() {
        "1: an op that times out first logs its rank's hang report (as on SIGUSR1; see "
        "braid-info -h)",
        nullptr},
+      {"BRAID_DEBUG_COLLECTIVES", "int", "0",
+       "1: before each collective the ranks compare what they called (collective, type, count, "
+       "op, root) and fail naming the ranks that differ, instead of mixing data or hanging",
+       nullptr},
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
        "peers instead of copied through slots; 0 turns this off",
@@ -227,6 +231,7 @@ Knobs Knobs::resolve(const Config& config) {
         format("braid: BRAID_TUNING: '%s' is not measured, model or fixed", tuning.c_str()));
   knobs.deterministic = flag("BRAID_DETERMINISTIC");
   knobs.dumpOnTimeout = flag("BRAID_DUMP_ON_TIMEOUT");
+  knobs.debugCollectives = flag("BRAID_DEBUG_COLLECTIVES");
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

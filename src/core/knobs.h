@@ -53,6 +53,7 @@ struct Knobs {
   Tuning tuning;             // BRAID_TUNING
   bool deterministic;        // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
   bool dumpOnTimeout;        // BRAID_DUMP_ON_TIMEOUT=1: a timed-out op logs the hang report
+  bool debugCollectives;     // BRAID_DEBUG_COLLECTIVES=1: ranks compare every collective first
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);
