@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,8 +17,8 @@ namespace mlp {
 
 struct Linear {
   int in, out;
-  std::vector<float> weight, bias;            // weight[o * in + i]
-  std::vector<float> weightGrad, biasGrad;    // accumulated by backward()
+  std::vector<float> weight, bias;          // weight[o * in + i]
+  std::vector<float> weightGrad, biasGrad;  // accumulated by backward()
 };
 
 class Model {
@@ -68,7 +70,8 @@ class Model {
           const float* w = &layer.weight[static_cast<size_t>(o) * layer.in];
           const float* in = &acts[l][static_cast<size_t>(s) * layer.in];
           for (int i = 0; i < layer.in; ++i) sum += w[i] * in[i];
-          y[static_cast<size_t>(s) * layer.out + o] = l + 1 < layers.size() ? std::max(sum, 0.0f) : sum;
+          y[static_cast<size_t>(s) * layer.out + o] =
+              l + 1 < layers.size() ? std::max(sum, 0.0f) : sum;
         }
     }
     // Mean squared error and its gradient.
@@ -121,6 +124,45 @@ inline void sample(uint64_t index, int inputs, int outputs, float* x, float* t) 
     for (int i = 0; i < inputs; ++i) v += std::sin(0.3f * (o + 1) * x[i] + 0.1f * i);
     t[o] = v / static_cast<float>(inputs);
   }
+}
+
+}  // namespace mlp
+
+namespace mlp {
+
+// IEEE half precision, rounded to nearest even (subnormals, infinities and
+// NaN included), for the mixed-precision trainer.
+inline uint16_t toHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (abs < 0x38800000u) {  // subnormal in half: scale into place, then round
+    float magnitude;
+    std::memcpy(&magnitude, &abs, sizeof(magnitude));
+    const float scaled = magnitude * 16777216.0f;  // 2^24: one unit is the smallest subnormal
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
+  }
+  const uint32_t rounded = abs + 0x0fffu + ((abs >> 13) & 1u);  // to nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+inline float fromHalf(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  float value;
+  if (exponent == 0) {
+    value = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    value =
+        mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  } else {
+    value = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
+  }
+  return sign ? -value : value;
 }
 
 }  // namespace mlp
