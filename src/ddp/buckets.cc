@@ -147,6 +147,19 @@ void broadcastValues(Communicator& comm, const std::vector<Parameter>& parameter
   comm.groupEnd();
 }
 
+void checkMark(const std::vector<Parameter>& parameters, const std::vector<char>& ready, size_t i,
+               const char* who) {
+  if (i >= parameters.size())
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: %s::markReady: argument 'i' is %zu, there are %zu parameters", who,
+                       i, parameters.size()));
+  if (ready[i])
+    throw Error(ErrorCode::InvalidUsage,
+                format("braid: %s::markReady: parameter %zu ('%s') was already marked ready in "
+                       "this step",
+                       who, i, parameters[i].name.c_str()));
+}
+
 void checkAllMarked(Communicator& comm, const std::vector<Parameter>& parameters,
                     const std::vector<size_t>& missing, const char* who) {
   int32_t count = static_cast<int32_t>(missing.size()), total = 0;

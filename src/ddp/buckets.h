@@ -62,6 +62,11 @@ void checkSameParameters(Communicator& comm, const std::vector<Parameter>& param
 void broadcastValues(Communicator& comm, const std::vector<Parameter>& parameters, int root,
                      const char* who);
 
+// markReady's checks: InvalidArgument naming `who` for an index out of
+// range, InvalidUsage for a parameter already marked in this step.
+void checkMark(const std::vector<Parameter>& parameters, const std::vector<char>& ready, size_t i,
+               const char* who);
+
 // Collective, at the end of a step: `missing` lists the parameters this rank
 // never marked ready. When any rank missed one, every rank throws
 // InvalidUsage naming them all.

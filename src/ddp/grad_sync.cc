@@ -196,15 +196,7 @@ void* GradSync::gradient(size_t i) const {
 
 void GradSync::markReady(size_t i) {
   State& s = *state_;
-  if (i >= s.params.size())
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid: GradSync::markReady: argument 'i' is %zu, there are %zu parameters",
-                       i, s.params.size()));
-  if (s.ready[i])
-    throw Error(ErrorCode::InvalidUsage,
-                format("braid: GradSync::markReady: parameter %zu ('%s') was already marked ready "
-                       "in this step",
-                       i, s.params[i].name.c_str()));
+  detail::checkMark(s.params, s.ready, i, "GradSync");
   s.ready[i] = 1;
   if (!s.rebuilt) s.readyOrder.push_back(i);
   if (s.noSync > 0) return;

@@ -146,16 +146,7 @@ ShardedSync::~ShardedSync() {
 
 void ShardedSync::markReady(size_t i) {
   State& s = *state_;
-  if (i >= s.params.size())
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid: ShardedSync::markReady: argument 'i' is %zu, there are %zu "
-                       "parameters",
-                       i, s.params.size()));
-  if (s.ready[i])
-    throw Error(ErrorCode::InvalidUsage,
-                format("braid: ShardedSync::markReady: parameter %zu ('%s') was already marked "
-                       "ready in this step",
-                       i, s.params[i].name.c_str()));
+  detail::checkMark(s.params, s.ready, i, "ShardedSync");
   s.ready[i] = 1;
   const Parameter& p = s.params[i];
   if (p.count > 0) std::memcpy(s.gradientSlot(i), p.gradient, p.count * dataTypeSize(p.type));

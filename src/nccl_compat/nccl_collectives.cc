@@ -147,6 +147,34 @@ Pointer pieceOf(Pointer base, int index, size_t count, ncclDataType_t type) {
                                    static_cast<size_t>(index) * bytes);
 }
 
+// Gather (every rank's `count` elements to `root`, in rank order) or scatter
+// (the reverse) as one group of point-to-point pieces.
+ncclResult_t rooted(const char* fn, bool gathering, const void* sendbuff, void* recvbuff,
+                    size_t count, const ncclDataType_t& datatype, int root, ncclComm_t comm) {
+  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+  return guarded(fn, [&] {
+    const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
+    if (root < 0 || root >= n)
+      return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
+    // The root's side is the whole buffer, every other rank's one piece.
+    const bool sendsAll = !gathering && rank == root, receivesAll = gathering && rank == root;
+    if (!sendbuff && count > 0 && (gathering || sendsAll))
+      return badArgument(fn, "argument 'sendbuff' is NULL");
+    if (!recvbuff && count > 0 && (!gathering || receivesAll))
+      return badArgument(fn, "argument 'recvbuff' is NULL");
+    return exchange(
+        fn, comm, datatype, count,
+        [&](int p) -> const void* {
+          if (gathering) return p == root ? sendbuff : nullptr;
+          return sendsAll ? pieceOf(sendbuff, p, count, datatype) : nullptr;
+        },
+        [&](int p) -> void* {
+          if (!gathering) return p == root ? recvbuff : nullptr;
+          return receivesAll ? pieceOf(recvbuff, p, count, datatype) : nullptr;
+        });
+  });
+}
+
 }  // namespace
 }  // namespace braid::nccl
 
@@ -305,43 +333,13 @@ NCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, siz
 NCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, int root, ncclComm_t comm,
                                      cudaStream_t) {
-  const char* fn = "ncclGather";
-  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  return guarded(fn, [&] {
-    const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
-    if (root < 0 || root >= n)
-      return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
-    if (!sendbuff && count > 0) return badArgument(fn, "argument 'sendbuff' is NULL");
-    if (rank == root && !recvbuff && count > 0)
-      return badArgument(fn, "argument 'recvbuff' is NULL");
-    return exchange(
-        fn, comm, datatype, count,
-        [&](int p) -> const void* { return p == root ? sendbuff : nullptr; },
-        [&](int p) -> void* {
-          return rank == root ? pieceOf(recvbuff, p, count, datatype) : nullptr;
-        });
-  });
+  return rooted("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm);
 }
 
 NCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                       ncclDataType_t datatype, int root, ncclComm_t comm,
                                       cudaStream_t) {
-  const char* fn = "ncclScatter";
-  if (!comm) return badArgument(fn, "argument 'comm' is NULL");
-  return guarded(fn, [&] {
-    const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
-    if (root < 0 || root >= n)
-      return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
-    if (rank == root && !sendbuff && count > 0)
-      return badArgument(fn, "argument 'sendbuff' is NULL");
-    if (!recvbuff && count > 0) return badArgument(fn, "argument 'recvbuff' is NULL");
-    return exchange(
-        fn, comm, datatype, count,
-        [&](int p) -> const void* {
-          return rank == root ? pieceOf(sendbuff, p, count, datatype) : nullptr;
-        },
-        [&](int p) -> void* { return p == root ? recvbuff : nullptr; });
-  });
+  return rooted("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm);
 }
 
 }  // extern "C"

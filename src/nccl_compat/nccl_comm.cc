@@ -282,13 +282,7 @@ NCCL_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
   const char* fn = "ncclCommDestroy";
   if (!comm) return ncclSuccess;
   return guarded(fn, [&] {
-    for (ncclComm::Outstanding& pending : comm->outstanding) {
-      try {
-        pending.work.wait();
-      } catch (const Error&) {
-        // Reported through ncclCommGetAsyncError, if anyone asked.
-      }
-    }
+    comm->drain();
     delete comm;
     return ncclSuccess;
   });
@@ -299,13 +293,7 @@ NCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
   return guarded("ncclCommAbort", [&] {
     if (comm->initThread.joinable()) comm->initThread.join();
     if (comm->comm.valid()) comm->comm.abort();
-    for (ncclComm::Outstanding& pending : comm->outstanding) {
-      try {
-        pending.work.wait();
-      } catch (const Error&) {
-        // Aborted, as asked.
-      }
-    }
+    comm->drain();  // they fail at once: aborted
     delete comm;
     return ncclSuccess;
   });

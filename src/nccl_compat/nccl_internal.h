@@ -123,6 +123,18 @@ struct ncclComm {
     for (Registration* registration : registrations) delete registration;
   }
 
+  // Waits for every outstanding op, ignoring their errors (the caller is
+  // ending the communicator; ncclCommGetAsyncError reported them, if asked).
+  void drain() {
+    for (Outstanding& pending : outstanding) {
+      try {
+        pending.work.wait();
+      } catch (const braid::Error&) {
+      }
+    }
+    outstanding.clear();
+  }
+
   // Waits for a nonblocking init; its failure is the communicator's.
   void waitReady() {
     if (initThread.joinable()) initThread.join();
