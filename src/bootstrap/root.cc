@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -24,6 +26,26 @@
 
 namespace braid::bootstrap {
 namespace {
+
+// Roots of this process that are answering their ranks right now. A rank
+// that a root of its own process refused waits for them before it fails:
+// rank 0 usually hosts the root, and a rank 0 that gives up and exits at
+// once would take the root with it before the other ranks heard why.
+struct Answering {
+  std::mutex mutex;
+  std::condition_variable done;
+  int roots = 0;
+};
+Answering& answering() {
+  static Answering* instance = new Answering;  // never destroyed: detached roots use it
+  return *instance;
+}
+
+void waitForLocalRoots(std::chrono::milliseconds longest) {
+  Answering& a = answering();
+  std::unique_lock<std::mutex> lock(a.mutex);
+  a.done.wait_for(lock, longest, [&] { return a.roots == 0; });
+}
 
 using namespace std::chrono_literals;
 using namespace wire;
@@ -264,6 +286,21 @@ void Root::refuse(Arrival& arrival, const std::string& why) {
 }
 
 void Root::answerAll(const std::vector<uint8_t>& frame) {
+  Answering& a = answering();
+  {
+    std::lock_guard<std::mutex> lock(a.mutex);
+    ++a.roots;
+  }
+  struct Done {
+    Answering& a;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        --a.roots;
+      }
+      a.done.notify_all();
+    }
+  } done{a};
   for (auto& [rank, member] : members_) {
     try {
       member.socket.sendAll(frame.data(), frame.size(), member.deadline, format("rank %d", rank));
@@ -401,7 +438,10 @@ std::vector<PeerInfo> Bootstrap::registerWithRoot(const IdContents& job, int nra
   Frame answer = askRoot(socket, encodeRegistration(job.secret, nranks, rank, timeout, self),
                          nranks, rank, timeout, deadline, root);
   try {
-    if (answer.type == kRefusalType) raiseRefusal(answer.payload, rank, timeout, root);
+    if (answer.type == kRefusalType) {
+      waitForLocalRoots(milliseconds(1000));
+      raiseRefusal(answer.payload, rank, timeout, root);
+    }
     return decodeTable(answer.payload, nranks);
   } catch (const ProtocolError& e) {
     fail(ErrorCode::Internal, rank, format("%s answered with %s", root.c_str(), e.what()));
