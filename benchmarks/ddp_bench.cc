@@ -13,7 +13,11 @@
 // measure the scheduler (--busy spins instead).
 //
 //   braid-run -n 2 build/bin/braid-bench-ddp [--layers 16] [--layer-bytes 4M]
-//       [--compute-us 1000] [--steps 10] [--buckets 1M,25M,100M] [--busy]
+//       [--compute-us 1000] [--steps 10] [--buckets 1M,25M,100M] [--busy] [--views]
+//
+// --views keeps the gradients inside the buckets (Options::
+// gradientsAsBucketViews): markReady copies nothing, so the backward's
+// thread does no work of its own while the buckets travel.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,12 +41,13 @@ struct Args {
   int steps = 10;
   std::vector<size_t> buckets = {size_t{1} << 20, size_t{25} << 20, size_t{100} << 20};
   bool busy = false;
+  bool views = false;  // gradients as bucket views: no copy in or out
 };
 
 [[noreturn]] void usage(int status) {
   std::fprintf(status ? stderr : stdout,
                "usage: braid-bench-ddp [--layers N] [--layer-bytes SIZE] [--compute-us N] "
-               "[--steps N] [--buckets SIZE,SIZE,...] [--busy]\n");
+               "[--steps N] [--buckets SIZE,SIZE,...] [--busy] [--views]\n");
   std::exit(status);
 }
 
@@ -51,8 +56,8 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") usage(0);
-    if (flag == "--busy") {
-      args.busy = true;
+    if (flag == "--busy" || flag == "--views") {
+      (flag == "--busy" ? args.busy : args.views) = true;
       continue;
     }
     if (i + 1 >= argc) usage(2);
@@ -124,9 +129,9 @@ int main(int argc, char** argv) {
     if (comm.rank() == 0) {
       std::printf(
           "# braid-bench-ddp: %d ranks, %d layers of %zu bytes (fp32), %d us of compute "
-          "per layer (%s), median of %d steps\n",
+          "per layer (%s), gradients %s, median of %d steps\n",
           comm.size(), args.layers, floats * sizeof(float), args.computeUs,
-          args.busy ? "busy" : "waiting", args.steps);
+          args.busy ? "busy" : "waiting", args.views ? "as bucket views" : "copied", args.steps);
       std::printf("# %12s %8s %11s %11s %11s %11s %11s %10s\n", "bucket cap", "buckets",
                   "compute ms", "comm ms", "step ms", "max ms", "sum ms", "step/max");
     }
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
       braid::ddp::Options options;
       options.bucketCapBytes = cap;
       options.firstBucketBytes = std::min(options.firstBucketBytes, cap);
+      options.gradientsAsBucketViews = args.views;
       braid::ddp::GradSync sync(comm, params, options);
       const double commMs = measure([&] {
         for (int l = args.layers - 1; l >= 0; --l) sync.markReady(static_cast<size_t>(l));
