@@ -33,7 +33,7 @@ typedef struct CUstream_st* cudaStream_t;
 #define NCCL_VERSION_CODE 22809
 /* Version numbers up to 2.8 had two digits for the minor number. */
 #define NCCL_VERSION(X, Y, Z) \
-  (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+  (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
 
 /* Set by braid's header only: lets a program tell which library it built against. */
 #define BRAID_NCCL 1
@@ -108,14 +108,14 @@ typedef struct ncclConfig_v22800 {
   int nvlinkCentricSched;
 } ncclConfig_t;
 
-#define NCCL_CONFIG_INITIALIZER                                                              \
-  {                                                                                          \
-    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH),      \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                         \
+#define NCCL_CONFIG_INITIALIZER                                                         \
+  {                                                                                     \
+    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,            \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,            \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                    \
   }
 
 /* What ncclGroupSimulateEnd reports. */
@@ -126,8 +126,11 @@ typedef struct ncclSimInfo_v22200 {
   float estimatedTime;
 } ncclSimInfo_t;
 
-#define NCCL_SIM_INFO_INITIALIZER \
-  { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
+#define NCCL_SIM_INFO_INITIALIZER                                                        \
+  {                                                                                      \
+    sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
+        NCCL_UNDEF_FLOAT                                                                 \
+  }
 
 /* Built-in reductions; ncclRedOpCreatePreMulSum makes more, from ncclNumOps up. */
 typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
@@ -183,7 +186,8 @@ BRAID_NCCL_API(ncclResult_t, GetUniqueId, (ncclUniqueId * uniqueId));
  * its own rank; inside ncclGroupStart/End, several inits of one process run
  * together (one process driving several ranks). */
 BRAID_NCCL_API(ncclResult_t, CommInitRankConfig,
-               (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config));
+               (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank,
+                ncclConfig_t* config));
 BRAID_NCCL_API(ncclResult_t, CommInitRank,
                (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank));
 /* ndev ranks in this process, rank i labelled with devlist[i] (or i). */
@@ -211,7 +215,7 @@ BRAID_NCCL_API(const char*, GetErrorString, (ncclResult_t result));
 BRAID_NCCL_API(const char*, GetLastError, (ncclComm_t comm));
 /* ncclInProgress while a nonblocking communicator still works; then
  * ncclSuccess, or the error that stopped it. */
-BRAID_NCCL_API(ncclResult_t, CommGetAsyncError, (ncclComm_t comm, ncclResult_t * asyncError));
+BRAID_NCCL_API(ncclResult_t, CommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError));
 
 BRAID_NCCL_API(ncclResult_t, CommCount, (const ncclComm_t comm, int* count));
 /* The device the communicator was made for; -1 for a host communicator. */
