@@ -131,28 +131,16 @@ ncclResult_t create(ncclComm* comm, std::function<Communicator()> make) {
   if (tGroup.depth > 0) {
     comm->ready = false;
     tGroup.creations.push_back([comm, make = std::move(make)] {
-      comm->comm = make();
-      comm->ready = true;
+      if (std::exception_ptr failure = comm->build(make)) std::rethrow_exception(failure);
     });
     return ncclSuccess;
   }
   if (comm->blocking) {
-    comm->comm = make();
+    if (std::exception_ptr failure = comm->build(make)) std::rethrow_exception(failure);
     return ncclSuccess;
   }
   comm->ready = false;
-  comm->initThread = std::thread([comm, make = std::move(make)] {
-    try {
-      comm->comm = make();
-    } catch (const Error& error) {
-      comm->initResult = resultOf(error.code());
-      comm->initError = error.what();
-    } catch (const std::exception& error) {
-      comm->initResult = ncclSystemError;
-      comm->initError = error.what();
-    }
-    comm->ready = true;
-  });
+  comm->initThread = std::thread([comm, make = std::move(make)] { comm->build(make); });
   return ncclInProgress;
 }
 
@@ -203,6 +191,23 @@ void runTogether(std::vector<std::function<void()>>& jobs) {
 }  // namespace braid::nccl
 
 using namespace braid::nccl;
+
+std::exception_ptr ncclComm::build(const std::function<Communicator()>& make) {
+  std::exception_ptr failure;
+  try {
+    comm = make();
+  } catch (const Error& error) {
+    initResult = resultOf(error.code());
+    initError = error.what();
+    failure = std::current_exception();
+  } catch (const std::exception& error) {
+    initResult = ncclSystemError;
+    initError = error.what();
+    failure = std::current_exception();
+  }
+  ready = true;
+  return failure;
+}
 
 extern "C" {
 
@@ -327,8 +332,8 @@ NCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncc
       handle->ready = false;
       *newcomm = child.release();
       tGroup.creations.push_back([=] {
-        handle->comm = parent->split(color, key);
-        handle->ready = true;
+        if (std::exception_ptr failure = handle->build([=] { return parent->split(color, key); }))
+          std::rethrow_exception(failure);
         if (!handle->comm.valid()) {
           *newcomm = nullptr;
           delete handle;

@@ -123,6 +123,11 @@ struct ncclComm {
     for (Registration* registration : registrations) delete registration;
   }
 
+  // Makes the communicator with `make`, then sets `ready`. A failure becomes
+  // the handle's (initResult and initError, which later calls report) and is
+  // returned too.
+  std::exception_ptr build(const std::function<braid::Communicator()>& make);
+
   // Waits for every outstanding op, ignoring their errors (the caller is
   // ending the communicator; ncclCommGetAsyncError reported them, if asked).
   void drain() {

@@ -521,6 +521,20 @@ void singleProcess() {
     if (result != ncclInvalidUsage)
       failed(std::string("expected ncclInvalidUsage, got ") + ncclGetErrorString(result));
   if (std::string(ncclGetLastError(nullptr)).empty()) failed("no message for ncclInvalidUsage");
+  // A communicator whose init in a group fails: ncclGroupEnd says so, and
+  // the handle reports the error (not ncclInProgress forever).
+  ncclUniqueId bogus;
+  memset(&bogus, 0, sizeof(bogus));
+  ncclComm_t broken = nullptr;
+  CHECK(ncclGroupStart());
+  CHECK(ncclCommInitRank(&broken, 2, bogus, 0));
+  const ncclResult_t ended = ncclGroupEnd();
+  ncclResult_t state = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(broken, &state));
+  if (ended != ncclInvalidArgument || state != ncclInvalidArgument)
+    failed(std::string("a failed init in a group: ncclGroupEnd gave ") + ncclGetErrorString(ended) +
+           ", the handle " + ncclGetErrorString(state));
+  CHECK(ncclCommDestroy(broken));
   // An aborted communicator is freed; its peers are destroyed normally.
   CHECK(ncclCommAbort(comms[0]));
   for (int r = 1; r < kRanks; ++r) CHECK(ncclCommDestroy(comms[r]));
