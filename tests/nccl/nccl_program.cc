@@ -463,7 +463,7 @@ void runRank(const ncclUniqueId& id, const ncclUniqueId& second) {
 
 // One process drives several ranks: ncclCommInitAll, communicators made in
 // a group, and groups that span communicators (each rank's call waits for
-// the others, so they must run together). Also what braid does not do yet:
+// the others, so they must run together). Also calls this library may not support:
 // ncclInvalidUsage with a message, nothing else.
 void singleProcess() {
   constexpr int kRanks = 3;
