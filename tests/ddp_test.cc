@@ -251,6 +251,58 @@ TEST(GradSync, AveragingAndCompressionOptions) {
   });
 }
 
+// fp16 compression divides before the cast: gradients beyond fp16's range
+// (65504) average correctly, and a plain sum of large values comes back in
+// fp32.
+TEST(GradSync, CompressionKeepsLargeGradientsInRange) {
+  runRanks(2, [](Communicator& comm) {
+    for (Averaging averaging : {Averaging::Avg, Averaging::Sum}) {
+      std::vector<float> grad(256, comm.rank() == 0 ? 1e5f : 2e4f);  // halves sum to 6e4
+      Options options;
+      options.compression = ddp::Compression::Float16;
+      options.averaging = averaging;
+      GradSync sync(comm, {{"w", grad.data(), grad.size(), DataType::Float32}}, options);
+      sync.markReady(0);
+      sync.finish();
+      const float want = averaging == Averaging::Avg ? 6e4f : 1.2e5f;
+      require(std::fabs(grad[100] - want) <= want * 2e-3f,
+              "compressed " + std::string(averaging == Averaging::Avg ? "average" : "sum") +
+                  " of 1e5 and 2e4: " + std::to_string(grad[100]));
+    }
+  });
+}
+
+// Gradient accumulation: a parameter marked only in a skipped micro-step
+// still counts in the synced step; a NoSync scope opened in the middle of a
+// synced step changes nothing before the next step.
+TEST(GradSync, AccumulatedGradientsCountEvenWhenTheSyncedStepDoesNotMarkThem) {
+  runRanks(2, [](Communicator& comm) {
+    std::vector<float> a(64, 0.0f), b(64, 0.0f);
+    GradSync sync(comm, {{"a", a.data(), a.size(), DataType::Float32},
+                         {"b", b.data(), b.size(), DataType::Float32}});
+    {
+      auto quiet = sync.noSync();
+      std::fill(b.begin(), b.end(), comm.rank() == 0 ? 2.0f : 4.0f);  // only this micro-step uses b
+      sync.markReady(1);
+      sync.finish();
+    }
+    std::fill(a.begin(), a.end(), 1.0f);
+    sync.markReady(0);
+    sync.finish();  // no unused-parameter error: b was used
+    require(a[3] == 1.0f && b[3] == 3.0f,
+            "b's accumulated gradient was dropped: " + std::to_string(b[3]));
+    std::fill(a.begin(), a.end(), comm.rank() + 1.0f);
+    std::fill(b.begin(), b.end(), comm.rank() + 1.0f);
+    sync.markReady(0);
+    {
+      auto late = sync.noSync();  // opened mid-step: this step still syncs
+      sync.markReady(1);
+      sync.finish();
+    }
+    require(a[7] == 1.5f && b[7] == 1.5f, "a scope opened mid-step changed the step");
+  });
+}
+
 // A parameter some rank never marks: every rank fails naming it, and
 // nobody hangs; with findUnusedParameters it counts as zero there.
 TEST(GradSync, AnUnusedParameterFailsOnEveryRankNamingIt) {

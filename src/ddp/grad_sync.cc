@@ -30,7 +30,6 @@ struct Bucket {
   Flat wire;  // what travels when it differs: fp32 for fp32 accumulation, fp16/bf16 compressed
   DataType wireType = DataType::Float32;
   size_t pending = 0;  // parameters not yet ready this step
-  bool started = false;
   Work work;
 };
 
@@ -49,6 +48,14 @@ struct GradSync::State {
   std::vector<size_t> readyOrder;                // this step's marks, until the rebuild
   bool rebuilt = false;
   int noSync = 0;  // open NoSync scopes
+  // Whether this step skips communication, fixed by its first mark (-1: no
+  // mark yet), so that a NoSync scope opened or closed mid-step changes
+  // nothing before the next step.
+  int stepSkips = -1;
+  // Parameters marked in skipped steps since the last synced one: their
+  // accumulated gradients count in the next synced step even if it does not
+  // mark them.
+  std::vector<char> used;
 
   State(Communicator& c, std::vector<Parameter> p, Options o)
       : comm(c), params(std::move(p)), options(o) {}
@@ -90,11 +97,19 @@ struct GradSync::State {
     ready.assign(params.size(), 0);
     for (Bucket& bucket : buckets) {
       bucket.pending = bucket.layout.params.size();
-      bucket.started = false;
       bucket.work = Work();
     }
     nextStart = 0;
     readyOrder.clear();
+    stepSkips = -1;
+    used.resize(params.size(), 0);
+  }
+
+  // Parameter i's gradient goes into its bucket (unless it lives there).
+  void copyIn(size_t i) {
+    const Parameter& p = params[i];
+    if (!options.gradientsAsBucketViews && p.count > 0)
+      std::memcpy(slot(buckets, place[i]), p.gradient, p.count * dataTypeSize(p.type));
   }
 
   ReduceOp op() const {
@@ -102,7 +117,6 @@ struct GradSync::State {
   }
 
   void start(Bucket& bucket) {
-    bucket.started = true;
     const size_t count = bucket.layout.count;
     if (count == 0) return;
     const DataType type = bucket.layout.type;
@@ -114,15 +128,18 @@ struct GradSync::State {
                                    Stream::async());
       return;
     }
-    detail::convert(bucket.data.data(), type, bucket.wire.data(), bucket.wireType, count);
     ReduceOp wireOp = op();
     if (bucket.wireType != DataType::Float32) {
-      // Compressed: divided first, so the sum stays in the narrow range.
-      // (A plain sum is multiplied back when it lands.)
-      detail::scale(bucket.wire.data(), count, bucket.wireType, share);
+      // Compressed: divided in fp32 before the cast, so that values and
+      // their sum stay in the narrow type's range. (A plain sum is
+      // multiplied back in fp32 when it lands.)
+      detail::scale(bucket.data.data(), count, type, share);
+      detail::convert(bucket.data.data(), type, bucket.wire.data(), bucket.wireType, count);
       wireOp = ReduceOp::Sum;
-    } else if (options.averaging == Averaging::PreDivide) {
-      detail::scale(bucket.wire.data(), count, DataType::Float32, share);
+    } else {
+      detail::convert(bucket.data.data(), type, bucket.wire.data(), bucket.wireType, count);
+      if (options.averaging == Averaging::PreDivide)
+        detail::scale(bucket.wire.data(), count, DataType::Float32, share);
     }
     bucket.work = comm.allReduce(bucket.wire.data(), bucket.wire.data(), count, bucket.wireType,
                                  wireOp, Stream::async());
@@ -130,8 +147,10 @@ struct GradSync::State {
 
   // Starts every complete bucket whose predecessors have started.
   void startReady() {
-    while (nextStart < buckets.size() && buckets[nextStart].pending == 0)
-      start(buckets[nextStart++]);
+    while (nextStart < buckets.size() && buckets[nextStart].pending == 0) {
+      start(buckets[nextStart]);  // if it throws, the bucket has not started
+      ++nextStart;
+    }
   }
 
   // After its all-reduce: back to the bucket's type, and out to the gradients.
@@ -139,9 +158,9 @@ struct GradSync::State {
     const size_t count = bucket.layout.count;
     const DataType type = bucket.layout.type;
     if (bucket.wireType != type) {
-      if (bucket.wireType != DataType::Float32 && options.averaging == Averaging::Sum)
-        detail::scale(bucket.wire.data(), count, bucket.wireType, comm.size());
       detail::convert(bucket.wire.data(), bucket.wireType, bucket.data.data(), type, count);
+      if (bucket.wireType != DataType::Float32 && options.averaging == Averaging::Sum)
+        detail::scale(bucket.data.data(), count, type, comm.size());
     }
     if (options.gradientsAsBucketViews) return;
     const size_t size = dataTypeSize(type);
@@ -197,32 +216,42 @@ void* GradSync::gradient(size_t i) const {
 void GradSync::markReady(size_t i) {
   State& s = *state_;
   detail::checkMark(s.params, s.ready, i, "GradSync");
+  if (s.stepSkips < 0) s.stepSkips = s.noSync > 0 ? 1 : 0;
   s.ready[i] = 1;
+  if (s.stepSkips) {
+    s.used[i] = 1;
+    return;
+  }
   if (!s.rebuilt) s.readyOrder.push_back(i);
-  if (s.noSync > 0) return;
-  const Parameter& p = s.params[i];
-  if (!s.options.gradientsAsBucketViews && p.count > 0)
-    std::memcpy(s.slot(s.buckets, s.place[i]), p.gradient, p.count * dataTypeSize(p.type));
+  s.copyIn(i);
   --s.buckets[s.place[i].first].pending;
   s.startReady();
 }
 
 void GradSync::finish() {
   State& s = *state_;
-  if (s.noSync > 0) {
+  if (s.stepSkips >= 0 ? s.stepSkips != 0 : s.noSync > 0) {
     s.resetStep();
     return;
   }
-  // Parameters never marked: zeros, so that every bucket still starts and
-  // no peer waits for this rank; an error after, unless they are expected.
+  // Parameters not marked in this step but in a skipped one since the last
+  // sync carry their accumulated gradients. Those never marked: zeros, so
+  // that every bucket still starts and no peer waits for this rank; an
+  // error after, unless they are expected.
   std::vector<size_t> missing;
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (s.ready[i]) continue;
+    if (s.used[i]) {
+      s.copyIn(i);
+      --s.buckets[s.place[i].first].pending;
+      continue;
+    }
     missing.push_back(i);
     const Parameter& p = s.params[i];
     std::memset(s.slot(s.buckets, s.place[i]), 0, p.count * dataTypeSize(p.type));
     --s.buckets[s.place[i].first].pending;
   }
+  std::fill(s.used.begin(), s.used.end(), 0);
   s.startReady();
   std::exception_ptr failure;
   for (Bucket& bucket : s.buckets) {
