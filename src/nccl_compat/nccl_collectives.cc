@@ -113,6 +113,7 @@ ncclResult_t exchange(const char* fn, ncclComm_t comm, ncclDataType_t datatype, 
                       const std::function<const void*(int)>& sendTo,
                       const std::function<void*(int)>& recvFrom) {
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     const int n = c.comm.size();
@@ -153,6 +154,7 @@ ncclResult_t rooted(const char* fn, bool gathering, const void* sendbuff, void* 
                     size_t count, const ncclDataType_t& datatype, int root, ncclComm_t comm) {
   if (!comm) return badArgument(fn, "argument 'comm' is NULL");
   return guarded(fn, [&] {
+    InCall call(comm);
     const int rank = usable(comm, fn).comm.rank(), n = comm->comm.size();
     if (root < 0 || root >= n)
       return badArgument(fn, format("argument 'root' is %d, not in [0, %d)", root, n));
@@ -233,6 +235,7 @@ NCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, si
                                         cudaStream_t) {
   const char* fn = "ncclAllReduce";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     const Reduction reduction = reductionOf(c, op, datatype, fn);
@@ -248,6 +251,7 @@ NCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_
                                      ncclComm_t comm, cudaStream_t) {
   const char* fn = "ncclReduce";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     const Reduction reduction = reductionOf(c, op, datatype, fn);
@@ -263,6 +267,7 @@ NCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, si
                                         cudaStream_t) {
   const char* fn = "ncclBroadcast";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     return issued(c, c.comm.broadcast(sendbuff, recvbuff, count, type, root, streamFor(&c)));
@@ -279,6 +284,7 @@ NCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff
                                             ncclComm_t comm, cudaStream_t) {
   const char* fn = "ncclReduceScatter";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     const Reduction reduction = reductionOf(c, op, datatype, fn);
@@ -294,6 +300,7 @@ NCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, si
                                         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
   const char* fn = "ncclAllGather";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     return issued(c, c.comm.allGather(sendbuff, recvbuff, sendcount, type, streamFor(&c)));
@@ -304,6 +311,7 @@ NCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataT
                                    int peer, ncclComm_t comm, cudaStream_t) {
   const char* fn = "ncclSend";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     return issued(c, c.comm.send(sendbuff, count, type, peer, streamFor(&c)));
@@ -314,6 +322,7 @@ NCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t 
                                    ncclComm_t comm, cudaStream_t) {
   const char* fn = "ncclRecv";
   return guarded(fn, [&] {
+    InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
     return issued(c, c.comm.recv(recvbuff, count, type, peer, streamFor(&c)));

@@ -63,13 +63,13 @@ thread_local Group tGroup;
 Group& openGroup() { return tGroup; }
 
 // The communicator behind a handle, ready for a call of `fn`.
-ncclComm& usable(ncclComm* comm, const char* fn) {
+ncclComm& usable(ncclComm* comm, const char* fn, bool joinGroup) {
   if (!comm) throw Error(ErrorCode::InvalidArgument, "argument 'comm' is NULL");
   comm->waitReady();
   if (!comm->comm.valid())
     throw Error(ErrorCode::InvalidUsage, format("%s on a communicator that has no ranks", fn));
   // Inside a group, each communicator's calls gather in a braid group.
-  if (tGroup.depth > 0 &&
+  if (joinGroup && tGroup.depth > 0 &&
       std::find(tGroup.comms.begin(), tGroup.comms.end(), comm) == tGroup.comms.end()) {
     comm->comm.groupStart();
     tGroup.comms.push_back(comm);
@@ -81,13 +81,13 @@ ncclComm& usable(ncclComm* comm, const char* fn) {
 ncclResult_t issued(ncclComm& comm, Work work, std::shared_ptr<std::vector<std::byte>> scratch) {
   if (tGroup.depth > 0) {
     if (!comm.blocking)
-      comm.outstanding.push_back({std::move(work), std::move(scratch)});
+      comm.keep({std::move(work), std::move(scratch)});
     else if (scratch)
       tGroup.keep.push_back({std::move(work), std::move(scratch)});  // until ncclGroupEnd returns
     return ncclSuccess;
   }
   if (comm.blocking) return ncclSuccess;
-  comm.outstanding.push_back({std::move(work), std::move(scratch)});
+  comm.keep({std::move(work), std::move(scratch)});
   return ncclInProgress;
 }
 
@@ -168,14 +168,23 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
 void runTogether(std::vector<std::function<void()>>& jobs) {
   std::vector<std::exception_ptr> errors(jobs.size());
   std::vector<std::thread> threads;
-  for (size_t i = 0; i + 1 < jobs.size(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        jobs[i]();
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
+  std::exception_ptr noThread;
+  try {
+    for (size_t i = 0; i + 1 < jobs.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          jobs[i]();
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+  } catch (...) {  // out of threads: the started jobs end (by their timeout at worst)
+    noThread = std::current_exception();
+  }
+  if (noThread) {
+    for (std::thread& thread : threads) thread.join();
+    std::rethrow_exception(noThread);
+  }
   if (!jobs.empty()) {
     try {
       jobs.back()();
@@ -192,16 +201,67 @@ void runTogether(std::vector<std::function<void()>>& jobs) {
 
 using namespace braid::nccl;
 
+void ncclComm::forgetFinished() {
+  size_t kept = 0;
+  for (Outstanding& pending : outstanding) {
+    if (!pending.work.test()) {
+      outstanding[kept++] = std::move(pending);
+      continue;
+    }
+    try {
+      pending.work.wait();  // finished: returns at once, or throws its error
+    } catch (const Error& error) {
+      if (asyncError == ncclSuccess) {
+        asyncError = resultOf(error.code());
+        asyncMessage = error.what();
+      }
+    }
+  }
+  outstanding.resize(kept);
+}
+
+void ncclComm::keep(Outstanding work) {
+  std::lock_guard<std::mutex> lock(mutex);
+  forgetFinished();
+  outstanding.push_back(std::move(work));
+}
+
+ncclResult_t ncclComm::poll(std::string* message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  forgetFinished();
+  if (asyncError != ncclSuccess) {
+    *message = asyncMessage;
+    return asyncError;
+  }
+  return outstanding.empty() ? ncclSuccess : ncclInProgress;
+}
+
+void ncclComm::drain() {
+  std::vector<Outstanding> all;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    all.swap(outstanding);
+  }
+  for (Outstanding& pending : all) {
+    try {
+      pending.work.wait();
+    } catch (const Error&) {
+    }
+  }
+}
+
 std::exception_ptr ncclComm::build(const std::function<Communicator()>& make) {
   std::exception_ptr failure;
   try {
     comm = make();
   } catch (const Error& error) {
     initResult = resultOf(error.code());
+    initCode = error.code();
     initError = error.what();
     failure = std::current_exception();
   } catch (const std::exception& error) {
     initResult = ncclSystemError;
+    initCode = ErrorCode::SystemError;
     initError = error.what();
     failure = std::current_exception();
   }
@@ -277,8 +337,10 @@ NCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
       pncclCommGetAsyncError(comm, &state);
       return state;
     }
-    for (ncclComm::Outstanding& pending : comm->outstanding) pending.work.wait();
-    comm->outstanding.clear();
+    std::string message;
+    comm->drain();
+    const ncclResult_t state = comm->poll(&message);  // an error of work run earlier
+    if (state != ncclSuccess) return failWith(state, message);
     return ncclSuccess;
   });
 }
@@ -296,9 +358,12 @@ NCCL_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
 NCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   return guarded("ncclCommAbort", [&] {
-    if (comm->initThread.joinable()) comm->initThread.join();
+    comm->joinInit();  // (braid's init cannot be cut short: it ends by its timeout)
     if (comm->comm.valid()) comm->comm.abort();
     comm->drain();  // they fail at once: aborted
+    // A call blocked in this communicator on another thread returns within a
+    // second of abort(); it must have left before the handle goes.
+    while (comm->calls.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     delete comm;
     return ncclSuccess;
   });
@@ -327,29 +392,35 @@ NCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncc
     child->blocking = comm->blocking;
     readConfig(config, child.get(), fn);
     Communicator* parent = &comm->comm;
-    ncclComm* handle = child.get();
-    if (tGroup.depth > 0) {  // made at ncclGroupEnd; a rank without a color then gets NULL
-      handle->ready = false;
-      *newcomm = child.release();
+    // braid's split is collective: every rank takes part, also one without
+    // a color (it gets NULL, at once). It runs on the parent, in this
+    // thread (or at ncclGroupEnd, after the group's operations): never
+    // beside other calls on the parent.
+    if (tGroup.depth > 0) {
+      ncclComm* handle = nullptr;
+      if (color != NCCL_SPLIT_NOCOLOR) {
+        handle = child.release();
+        handle->ready = false;
+      }
+      *newcomm = handle;
       tGroup.creations.push_back([=] {
+        if (!handle) {
+          parent->split(color, key);
+          return;
+        }
         if (std::exception_ptr failure = handle->build([=] { return parent->split(color, key); }))
           std::rethrow_exception(failure);
-        if (!handle->comm.valid()) {
-          *newcomm = nullptr;
-          delete handle;
-        }
       });
       return ncclSuccess;
     }
-    // braid's split is collective: every rank takes part, also one that
-    // asks for no color (it gets an empty handle).
-    ncclResult_t result = create(handle, [=] { return parent->split(color, key); });
-    if (handle->blocking && !handle->comm.valid()) {
+    Communicator made = parent->split(color, key);
+    if (!made.valid()) {
       *newcomm = nullptr;  // NCCL_SPLIT_NOCOLOR
       return ncclSuccess;
     }
+    child->comm = std::move(made);
     *newcomm = child.release();
-    return result;
+    return ncclSuccess;
   });
 }
 
@@ -388,7 +459,7 @@ NCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
 }
 
 NCCL_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
-  (void)comm;  // one message per thread, as NCCL keeps it
+  (void)comm;  // braid keeps one message per thread: a watchdog's calls do not overwrite it
   return tLastError.c_str();
 }
 
@@ -400,41 +471,22 @@ NCCL_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* a
     *asyncError = ncclInProgress;
     return ncclSuccess;
   }
-  if (comm->initThread.joinable()) comm->initThread.join();
+  comm->joinInit();
   if (comm->initResult != ncclSuccess) {
     *asyncError = comm->initResult;
     tLastError = comm->initError;
     return ncclSuccess;
   }
-  size_t kept = 0;
-  for (ncclComm::Outstanding& pending : comm->outstanding) {
-    if (!pending.work.test()) {
-      comm->outstanding[kept++] = std::move(pending);
-      continue;
-    }
-    try {
-      pending.work.wait();
-    } catch (const Error& error) {
-      if (comm->asyncError == ncclSuccess) {
-        comm->asyncError = resultOf(error.code());
-        comm->asyncMessage = error.what();
-      }
-    }
-  }
-  comm->outstanding.resize(kept);
-  if (comm->asyncError != ncclSuccess) {
-    tLastError = comm->asyncMessage;
-    *asyncError = comm->asyncError;
-  } else {
-    *asyncError = kept > 0 ? ncclInProgress : ncclSuccess;
-  }
+  std::string message;
+  *asyncError = comm->poll(&message);
+  if (*asyncError != ncclSuccess && *asyncError != ncclInProgress) tLastError = message;
   return ncclSuccess;
 }
 
 NCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
   return guarded("ncclCommCount", [&] {
     if (ncclResult_t bad = need(count, "ncclCommCount", "count")) return bad;
-    *count = usable(comm, "ncclCommCount").comm.size();
+    *count = usable(comm, "ncclCommCount", false).comm.size();
     return ncclSuccess;
   });
 }
@@ -442,7 +494,7 @@ NCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
 NCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
   return guarded("ncclCommCuDevice", [&] {
     if (ncclResult_t bad = need(device, "ncclCommCuDevice", "device")) return bad;
-    *device = usable(comm, "ncclCommCuDevice").device;
+    *device = usable(comm, "ncclCommCuDevice", false).device;
     return ncclSuccess;
   });
 }
@@ -450,7 +502,7 @@ NCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
 NCCL_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
   return guarded("ncclCommUserRank", [&] {
     if (ncclResult_t bad = need(rank, "ncclCommUserRank", "rank")) return bad;
-    *rank = usable(comm, "ncclCommUserRank").comm.rank();
+    *rank = usable(comm, "ncclCommUserRank", false).comm.rank();
     return ncclSuccess;
   });
 }
@@ -524,22 +576,24 @@ NCCL_EXPORT ncclResult_t pncclGroupEnd() {
   Group group = std::move(tGroup);
   tGroup = Group();
   return guarded(fn, [&] {
-    if (!group.creations.empty() && !group.comms.empty())
-      return failWith(ncclInvalidUsage,
-                      "ncclGroupEnd: a group may make communicators or run operations, not both");
-    if (!group.creations.empty()) {
-      runTogether(group.creations);
-      return ncclSuccess;
-    }
-    // Each communicator's braid group; several run at once (one process
-    // may drive several ranks), a nonblocking one in the background.
+    // First each communicator's braid group, several at once (one process
+    // may drive several ranks), a nonblocking one in the background; then
+    // the communicators made in the group (a split runs on its parent,
+    // whose group has ended by then).
     std::vector<std::function<void()>> ends;
     bool pending = false;
     for (ncclComm* comm : group.comms) {
       ends.push_back([comm] { comm->comm.groupEnd(); });
       if (!comm->blocking) pending = true;
     }
-    runTogether(ends);
+    std::exception_ptr failure;
+    try {
+      runTogether(ends);
+    } catch (const Error&) {
+      failure = std::current_exception();
+    }
+    runTogether(group.creations);
+    if (failure) std::rethrow_exception(failure);
     return pending ? ncclInProgress : ncclSuccess;
   });
 }
@@ -548,7 +602,8 @@ NCCL_EXPORT ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   (void)simInfo;
   return failWith(ncclInvalidUsage,
                   "ncclGroupSimulateEnd: not supported by braid yet (braid-sim predicts "
-                  "collective times from the command line)");
+                  "collective times from the command line); any group stays open: end it with "
+                  "ncclGroupEnd");
 }
 
 }  // extern "C"

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -98,9 +99,14 @@ struct ncclComm {
     braid::Work work;
     std::shared_ptr<std::vector<std::byte>> scratch;
   };
+  // Guards `outstanding`, `asyncError`, `asyncMessage` and joining
+  // `initThread`: ncclCommGetAsyncError and ncclCommAbort may come from
+  // another thread (a watchdog) while this one issues work.
+  std::mutex mutex;
   std::vector<Outstanding> outstanding;
   ncclResult_t asyncError = ncclSuccess;  // the first error of work that ran in the background
   std::string asyncMessage;
+  std::atomic<int> calls{0};  // calls inside this communicator now (see InCall)
 
   // Operators from ncclRedOpCreatePreMulSum, numbered from ncclNumOps.
   struct PreMulSum {
@@ -119,7 +125,7 @@ struct ncclComm {
   std::unordered_set<Registration*> registrations;
 
   ~ncclComm() {
-    if (initThread.joinable()) initThread.join();
+    joinInit();
     for (Registration* registration : registrations) delete registration;
   }
 
@@ -128,23 +134,31 @@ struct ncclComm {
   // returned too.
   std::exception_ptr build(const std::function<braid::Communicator()>& make);
 
-  // Waits for every outstanding op, ignoring their errors (the caller is
-  // ending the communicator; ncclCommGetAsyncError reported them, if asked).
-  void drain() {
-    for (Outstanding& pending : outstanding) {
-      try {
-        pending.work.wait();
-      } catch (const braid::Error&) {
-      }
-    }
-    outstanding.clear();
+  braid::ErrorCode initCode = braid::ErrorCode::InvalidUsage;  // when initResult is an error
+
+  void joinInit() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (initThread.joinable()) initThread.join();
   }
 
   // Waits for a nonblocking init; its failure is the communicator's.
   void waitReady() {
-    if (initThread.joinable()) initThread.join();
-    if (initResult != ncclSuccess) throw braid::Error(braid::ErrorCode::InvalidUsage, initError);
+    joinInit();
+    if (initResult != ncclSuccess) throw braid::Error(initCode, initError);
   }
+
+  // Keeps background work (and its scratch) until it is seen done; forgets
+  // what finished already, keeping its first error.
+  void keep(Outstanding work);
+  // ncclInProgress while background work is outstanding, then ncclSuccess
+  // or the first error (its message in *message).
+  ncclResult_t poll(std::string* message);
+  // Waits for every outstanding op, ignoring their errors (the caller is
+  // ending the communicator; ncclCommGetAsyncError reported them, if asked).
+  void drain();
+
+ private:
+  void forgetFinished();  // REQUIRES: mutex held
 };
 
 namespace braid::nccl {
@@ -164,8 +178,26 @@ inline Stream streamFor(const ncclComm* comm) {
 }
 
 // The communicator behind a handle, ready for a call of `fn`; inside a
-// group, its calls gather in a braid group from here on.
-ncclComm& usable(ncclComm* comm, const char* fn);
+// group, its calls gather in a braid group from here on (unless `joinGroup`
+// is false: a query).
+ncclComm& usable(ncclComm* comm, const char* fn, bool joinGroup = true);
+
+// Counts a call inside a communicator, so that ncclCommAbort from another
+// thread frees it only once the call has left.
+class InCall {
+ public:
+  explicit InCall(ncclComm* comm) : comm_(comm) {
+    if (comm_) ++comm_->calls;
+  }
+  ~InCall() {
+    if (comm_) --comm_->calls;
+  }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+
+ private:
+  ncclComm* comm_;
+};
 
 // Result of an op just issued: a nonblocking communicator keeps its work
 // (and the scratch it reads) until ncclCommGetAsyncError sees it done.

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -427,6 +428,24 @@ void nonblocking(const ncclUniqueId& id) {
           "nonblocking all-reduce"))
     return;
   if (data.back() != static_cast<float>(gRanks)) failed("nonblocking all-reduce: wrong sum");
+  // A watchdog thread polls the communicator while this one issues work.
+  std::atomic<bool> stop{false};
+  std::thread watchdog([&] {
+    ncclResult_t state;
+    while (!stop)
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess ||
+          (state != ncclSuccess && state != ncclInProgress))
+        failed("the watchdog saw an error");
+  });
+  for (int i = 0; i < 20; ++i) {
+    const ncclResult_t started =
+        ncclAllReduce(data.data(), data.data(), 1024, ncclFloat, ncclMax, comm, nullptr);
+    if (started != ncclSuccess && started != ncclInProgress)
+      failed("nonblocking all-reduce failed");
+  }
+  settle(ncclSuccess, "nonblocking all-reduces under a watchdog");
+  stop = true;
+  watchdog.join();
   settle(ncclCommFinalize(comm), "finalize");
   CHECK(ncclCommDestroy(comm));
 }
@@ -535,8 +554,35 @@ void singleProcess() {
     failed(std::string("a failed init in a group: ncclGroupEnd gave ") + ncclGetErrorString(ended) +
            ", the handle " + ncclGetErrorString(state));
   CHECK(ncclCommDestroy(broken));
-  // An aborted communicator is freed; its peers are destroyed normally.
+  // Split in a group, with a query in the same group; the rank without a
+  // color gets NULL at once.
+  ncclComm_t halves[kRanks];
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) {
+    int rank = -1;
+    CHECK(ncclCommUserRank(comms[r], &rank));
+    CHECK(ncclCommSplit(comms[r], rank == 2 ? NCCL_SPLIT_NOCOLOR : 0, rank, &halves[r], nullptr));
+  }
+  if (halves[2] != nullptr) failed("NCCL_SPLIT_NOCOLOR did not give NULL at once");
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < 2; ++r) {
+    int size = 0;
+    CHECK(ncclCommCount(halves[r], &size));
+    if (size != 2) failed("grouped split: size " + std::to_string(size));
+    CHECK(ncclCommDestroy(halves[r]));
+  }
+  // ncclCommAbort from another thread while a call waits inside the
+  // communicator (the other ranks never join it): the call fails, the
+  // communicator is freed once the call has left.
+  ncclResult_t blocked = ncclSuccess;
+  std::thread waiter([&] {
+    float one = 1, out = 0;
+    blocked = ncclAllReduce(&one, &out, 1, ncclFloat, ncclSum, comms[0], nullptr);
+  });
+  usleep(200000);
   CHECK(ncclCommAbort(comms[0]));
+  waiter.join();
+  if (blocked == ncclSuccess) failed("a call waiting in an aborted communicator succeeded");
   for (int r = 1; r < kRanks; ++r) CHECK(ncclCommDestroy(comms[r]));
 }
 
