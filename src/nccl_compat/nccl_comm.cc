@@ -83,7 +83,8 @@ ncclResult_t issued(ncclComm& comm, Work work, std::shared_ptr<std::vector<std::
     if (!comm.blocking)
       comm.keep({std::move(work), std::move(scratch)});
     else if (scratch)
-      tGroup.keep.push_back({std::move(work), std::move(scratch)});  // until ncclGroupEnd returns
+      tGroup.scratch.push_back(
+          {std::move(work), std::move(scratch)});  // until ncclGroupEnd returns
     return ncclSuccess;
   }
   if (comm.blocking) return ncclSuccess;

@@ -168,7 +168,7 @@ struct Group {
   int depth = 0;
   std::vector<ncclComm*> comms;                  // communicators with calls in it, first use first
   std::vector<std::function<void()>> creations;  // inits and splits, run at ncclGroupEnd
-  std::vector<ncclComm::Outstanding> keep;       // scratch the group's ops read
+  std::vector<ncclComm::Outstanding> scratch;    // what the group's ops read, kept until it ends
 };
 // This thread's open group (ncclGroupStart to the matching ncclGroupEnd).
 Group& openGroup();
