@@ -773,25 +773,6 @@ TEST(Transports, SameHostPeersUseSharedMemoryAndLeaveNothingInDevShm) {
   });
 }
 
-// A T in memory the forked ranks share with this process, value-initialized
-// (T's members must be lock-free atomics or plain data).
-template <typename T>
-class SharedWithRanks {
- public:
-  SharedWithRanks()
-      : memory_(
-            ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) {
-    if (memory_ == MAP_FAILED) throw std::runtime_error("mmap of shared test memory failed");
-    value_ = new (memory_) T{};
-  }
-  ~SharedWithRanks() { ::munmap(memory_, sizeof(T)); }
-  T* operator->() { return value_; }
-
- private:
-  void* memory_;
-  T* value_;
-};
-
 // kill -9 a rank at 20 random moments of a loop of all-reduces, all-gathers
 // and broadcasts: every survivor's op fails with RemoteError naming the dead
 // rank (directly, or as the rank another survivor gave up on) within 2 s of

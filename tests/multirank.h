@@ -3,9 +3,13 @@
 // deadline; a rank still running then is killed and reported as hung.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <functional>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,5 +56,24 @@ void runRanks(int nranks, const std::function<void(Communicator&)>& body,
 void runProcesses(int nranks,
                   const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
                   const RunOptions& options = {});
+
+// A T in memory the forked ranks share with this process, value-initialized
+// (T's members must be lock-free atomics or plain data).
+template <typename T>
+class SharedWithRanks {
+ public:
+  SharedWithRanks()
+      : memory_(
+            ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) {
+    if (memory_ == MAP_FAILED) throw std::runtime_error("mmap of shared test memory failed");
+    value_ = new (memory_) T{};
+  }
+  ~SharedWithRanks() { ::munmap(memory_, sizeof(T)); }
+  T* operator->() { return value_; }
+
+ private:
+  void* memory_;
+  T* value_;
+};
 
 }  // namespace braid::testing
