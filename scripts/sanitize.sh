@@ -5,9 +5,10 @@
 # fails the test it occurs in. The presets are in CMakePresets.json.
 #   scripts/sanitize.sh                       both
 #   scripts/sanitize.sh tsan -R AllReduce     one, with more ctest arguments
-# Left out under both: the soak test (its memory check would measure the
-# sanitizer's allocator) and the install and command-line checks (packaging,
-# no code path the rest lacks). Left out under ThreadSanitizer, to keep CI
+# The CUDA binding is not built here (it cannot run without a GPU; the
+# device tests run on the emulated device). Left out under both: the soak
+# test (its memory check would measure the sanitizer's allocator) and the
+# install and command-line checks (packaging, no code path the rest lacks). Left out under ThreadSanitizer, to keep CI
 # short: the tcp.* repeats of the multi-rank suites (each communicator's
 # transports run on one thread; the threads are the same over shm) and the
 # simulator's Plans.* tests (one thread, no shared state).

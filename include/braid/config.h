@@ -25,6 +25,11 @@ struct Config {
   // Bytes per pipeline chunk of a collective step. Default: 0, meaning
   // BRAID_CHUNK_BYTES.
   size_t chunkBytes = 0;
+
+  // The GPU whose memory the communicator's device buffers live in (with
+  // BRAID_DEVICE=emulated, an emulated device). Default: -1, meaning the
+  // calling thread's current device at init, as NCCL takes it.
+  int device = -1;
 };
 
 }  // namespace braid

@@ -27,6 +27,14 @@ const std::vector<KnobInfo>& knobTable() {
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
+      {"BRAID_DEVICE", "string", "auto",
+       "device memory: auto (CUDA where built and a GPU is present, else none), cuda, emulated "
+       "(host memory posing as a GPU, for tests) or none",
+       nullptr},
+      {"BRAID_DEVICE_SLOT_BYTES", "bytes", "4M",
+       "bytes per FIFO slot of a device connection (cuda_ipc); a step's piece is at most this",
+       nullptr},
+      {"BRAID_DEVICE_SLOTS", "int", "4", "slots per FIFO of a device connection", nullptr},
       {"BRAID_ONESHOT_BYTES", "bytes", "4K",
        "with BRAID_TUNING=fixed, all-reduces up to this size send every input to every rank "
        "(one hop; max 64K)",
@@ -185,6 +193,8 @@ long long parseInt(const std::string& text, const char* what) {
   return value;
 }
 
+std::string knobText(const char* name) { return lookup(knob(name)).first; }
+
 Knobs Knobs::resolve(const Config& config) {
   Knobs knobs;
   knobs.timeout = config.timeout.count() > 0
@@ -232,7 +242,23 @@ Knobs Knobs::resolve(const Config& config) {
   knobs.deterministic = flag("BRAID_DETERMINISTIC");
   knobs.dumpOnTimeout = flag("BRAID_DUMP_ON_TIMEOUT");
   knobs.debugCollectives = flag("BRAID_DEBUG_COLLECTIVES");
+  if (config.device < -1)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: Config::device is %d: a device index, or -1 for the current device",
+                       config.device));
+  knobs.device = config.device;
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
+  knobs.deviceSlotBytes =
+      parseBytes(lookup(knob("BRAID_DEVICE_SLOT_BYTES")).first, "BRAID_DEVICE_SLOT_BYTES");
+  knobs.deviceSlots =
+      static_cast<int>(parseInt(lookup(knob("BRAID_DEVICE_SLOTS")).first, "BRAID_DEVICE_SLOTS"));
+  if (knobs.deviceSlotBytes < 4096 || knobs.deviceSlotBytes % 64 != 0 ||
+      knobs.deviceSlotBytes > (1u << 30))
+    throw Error(ErrorCode::InvalidArgument,
+                "braid: BRAID_DEVICE_SLOT_BYTES must be a multiple of 64 between 4K and 1G");
+  if (knobs.deviceSlots < 2 || knobs.deviceSlots > 64)
+    throw Error(ErrorCode::InvalidArgument, "braid: BRAID_DEVICE_SLOTS must be between 2 and 64");
+  knobs.deviceChunkBytes = knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots) / 2;
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.
   size_t half = knobs.slotBytes * static_cast<size_t>(knobs.slots) / 2;

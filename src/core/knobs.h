@@ -54,6 +54,10 @@ struct Knobs {
   bool deterministic;        // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
   bool dumpOnTimeout;        // BRAID_DUMP_ON_TIMEOUT=1: a timed-out op logs the hang report
   bool debugCollectives;     // BRAID_DEBUG_COLLECTIVES=1: ranks compare every collective first
+  int device;                // Config::device: the communicator's device, -1 = the current one
+  size_t deviceSlotBytes;    // bytes per FIFO slot of a device connection
+  int deviceSlots;           // slots per device FIFO
+  size_t deviceChunkBytes;   // pipeline chunk of a device plan's step: half a device FIFO
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);
@@ -66,6 +70,10 @@ std::chrono::milliseconds parseDuration(const std::string& text, const char* wha
 // "4096", "64K", "16M", "1G", "8KiB" -> bytes.
 size_t parseBytes(const std::string& text, const char* what);
 long long parseInt(const std::string& text, const char* what);
+
+// A knob's text as set (its name, then its alias, then the default), for
+// the few read outside a communicator (BRAID_DEVICE, once per process).
+std::string knobText(const char* name);
 
 // The environment variable, or "" when unset.
 std::string getEnv(const char* name);

@@ -1,0 +1,384 @@
+#include "device/emulated/emulated_device.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "device/cuda/element_ops.h"
+#include "reduce/reduce.h"
+
+namespace braid::device::emulated {
+namespace {
+
+// ---- Waiting on a word of (possibly shared) memory.
+
+uint32_t load(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+void storeAndWake(uint32_t* word, uint32_t value) {
+  __atomic_store_n(word, value, __ATOMIC_RELEASE);
+  // Not FUTEX_PRIVATE: the waiter may be another process mapping the word.
+  ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// How long one futex sleep lasts before the waiter looks at `stop` again.
+constexpr long kWaitSliceNs = 5'000'000;
+
+// Returns once passes(*word, value, compare), or once `stop` is set.
+void waitFor(const uint32_t* word, uint32_t value, Compare compare, const std::atomic<bool>& stop) {
+  for (int spin = 0; spin < 128; ++spin) {
+    if (passes(load(word), value, compare)) return;
+    __builtin_ia32_pause();
+  }
+  const timespec slice{0, kWaitSliceNs};
+  for (;;) {
+    const uint32_t seen = load(word);
+    if (passes(seen, value, compare) || stop.load(std::memory_order_relaxed)) return;
+    ::syscall(SYS_futex, word, FUTEX_WAIT, seen, &slice, nullptr, 0);
+  }
+}
+
+// ---- Kernels.
+
+// dst = fold of the n inputs, element by element, with the CUDA kernels'
+// own element functions (accumulating narrow floats in fp32).
+void foldInputs(const ReduceArgs& args) {
+  cuda::visitReduction(args.type, args.op, [&](auto reduction) {
+    using Reduction = decltype(reduction);
+    using T = typename Reduction::Storage;
+    T* dst = static_cast<T*>(args.dst);
+    const T* srcs[kMaxReduceInputs] = {};
+    for (int k = 0; k < args.inputs; ++k) srcs[k] = static_cast<const T*>(args.srcs[k]);
+    T values[kMaxReduceInputs] = {};
+    for (size_t i = 0; i < args.count; ++i) {
+      for (int k = 0; k < args.inputs; ++k) values[k] = srcs[k][i];
+      dst[i] = Reduction::fold(values, args.inputs);
+    }
+  });
+}
+
+// ---- Streams and events.
+
+// An in-order queue of tasks run by one worker thread.
+class Stream {
+ public:
+  explicit Stream(int device) : device_(device), worker_([this] { run(); }) {}
+
+  // Runs what is queued, except that waits still blocked give up (a
+  // destroyed stream never hangs its owner), then joins the worker.
+  ~Stream() {
+    stopping_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      exit_ = true;
+    }
+    changed_.notify_all();
+    worker_.join();
+  }
+
+  int device() const { return device_; }
+  const std::atomic<bool>& stopping() const { return stopping_; }
+
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(task));
+      ++enqueued_;
+    }
+    changed_.notify_all();
+  }
+
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t target = enqueued_;
+    changed_.wait(lock, [&] { return completed_ >= target; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return !queue_.empty() || exit_; });
+      if (queue_.empty()) return;
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++completed_;
+      changed_.notify_all();
+    }
+  }
+
+  const int device_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;  // guards queue_, enqueued_, completed_, exit_
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0, completed_ = 0;
+  bool exit_ = false;
+  std::thread worker_;  // last: starts once the rest is built
+};
+
+// An event: record() numbers a recording, the stream marks it done. Tasks
+// share it, so it may be destroyed while a recording is still queued.
+struct Event {
+  uint32_t recorded = 0;  // the newest recording's number (atomic access)
+  uint32_t done = 0;      // the newest recording that ran (futex word)
+};
+using EventRef = std::shared_ptr<Event>;
+
+Stream& streamOf(StreamHandle handle) {
+  if (!handle)
+    throw Error(ErrorCode::InvalidArgument,
+                "braid: emulated device: a null stream (the emulated device has no default "
+                "stream; create one)");
+  return *static_cast<Stream*>(handle);
+}
+
+EventRef& eventOf(EventHandle handle) { return *static_cast<EventRef*>(handle); }
+
+// ---- The device.
+
+class EmulatedDevice final : public Device {
+ public:
+  const char* name() const override { return "emulated"; }
+  int count() const override { return kDevices; }
+  int current() const override { return current_; }
+  void setCurrent(int device) override {
+    checkDevice(device, "setCurrent");
+    current_ = device;
+  }
+  bool canAccessPeer(int device, int peer) const override {
+    return device >= 0 && device < kDevices && peer >= 0 && peer < kDevices;
+  }
+
+  void* allocate(int device, size_t bytes) override {
+    checkDevice(device, "allocate");
+    const size_t length = pageRounded(bytes);
+    const int fd = ::memfd_create("braid-emulated-device", MFD_CLOEXEC);
+    if (fd < 0) failMemory("memfd_create", bytes, device, errno);
+    if (::ftruncate(fd, static_cast<off_t>(length)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      failMemory("ftruncate", bytes, device, err);
+    }
+    void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      failMemory("mmap", bytes, device, err);
+    }
+    remember({static_cast<std::byte*>(base), length, fd, device});
+    return base;
+  }
+
+  void free(void* base) override {
+    const Allocation allocation = forget(base, "free");
+    ::munmap(allocation.base, allocation.bytes);
+    if (allocation.fd >= 0) ::close(allocation.fd);
+  }
+
+  int exportFd(const void* base) override {
+    int fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
+      if (it != allocations_.end()) fd = it->second.fd;
+    }
+    if (fd < 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: exportFd: %p is not the start of memory from "
+                         "allocate()",
+                         base));
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0)
+      throw Error(ErrorCode::SystemError,
+                  format("braid: emulated device: exportFd: dup: %s", std::strerror(errno)));
+    return copy;
+  }
+
+  void* import(int fd, size_t bytes, int device) override {
+    checkDevice(device, "import");
+    const size_t length = pageRounded(bytes);
+    void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) failMemory("import: mmap", bytes, device, errno);
+    remember({static_cast<std::byte*>(base), length, -1, device});
+    return base;
+  }
+
+  void unimport(void* base, size_t bytes) override {
+    (void)bytes;
+    const Allocation allocation = forget(base, "unimport");
+    ::munmap(allocation.base, allocation.bytes);
+  }
+
+  int deviceOf(const void* pointer) override {
+    if (count_.load(std::memory_order_relaxed) == 0) return -1;
+    const auto address = reinterpret_cast<uintptr_t>(pointer);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto next = allocations_.upper_bound(address);
+    if (next == allocations_.begin()) return -1;
+    const Allocation& allocation = std::prev(next)->second;
+    return address - reinterpret_cast<uintptr_t>(allocation.base) < allocation.bytes
+               ? allocation.device
+               : -1;
+  }
+
+  StreamHandle createStream(int device) override {
+    checkDevice(device, "createStream");
+    return new Stream(device);
+  }
+  void destroyStream(StreamHandle stream) override { delete &streamOf(stream); }
+  void synchronize(StreamHandle stream) override { streamOf(stream).synchronize(); }
+
+  EventHandle createEvent() override { return new EventRef(std::make_shared<Event>()); }
+  void destroyEvent(EventHandle event) override { delete &eventOf(event); }
+  void record(EventHandle handle, StreamHandle stream) override {
+    EventRef event = eventOf(handle);
+    const uint32_t number = __atomic_add_fetch(&event->recorded, 1, __ATOMIC_ACQ_REL);
+    streamOf(stream).enqueue([event, number] { storeAndWake(&event->done, number); });
+  }
+  void streamWait(StreamHandle handle, EventHandle eventHandle) override {
+    Stream& stream = streamOf(handle);
+    EventRef event = eventOf(eventHandle);
+    const uint32_t number = __atomic_load_n(&event->recorded, __ATOMIC_ACQUIRE);
+    stream.enqueue([event, number, &stream] {
+      waitFor(&event->done, number, Compare::GreaterOrEqual, stream.stopping());
+    });
+  }
+  bool query(EventHandle handle) override {
+    const Event& event = *eventOf(handle);
+    return passes(load(&event.done), __atomic_load_n(&event.recorded, __ATOMIC_ACQUIRE),
+                  Compare::GreaterOrEqual);
+  }
+
+  void copy(StreamHandle stream, void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    streamOf(stream).enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+
+  void reduce(StreamHandle stream, const ReduceArgs& args) override {
+    checkReduce(args);
+    if (args.count == 0) return;
+    streamOf(stream).enqueue([args] { reduceNow(args); });
+  }
+
+  void flagOps(StreamHandle handle, const FlagOp* ops, size_t count) override {
+    if (count == 0) return;
+    Stream& stream = streamOf(handle);
+    std::vector<FlagOp> batch(ops, ops + count);
+    stream.enqueue([batch = std::move(batch), &stream] {
+      for (const FlagOp& op : batch) {
+        if (op.kind == FlagOp::Kind::Write)
+          storeAndWake(op.flag, op.value);
+        else
+          waitFor(op.flag, op.value, op.compare, stream.stopping());
+      }
+    });
+  }
+
+  void writeFlagNow(uint32_t* flag, uint32_t value) override { storeAndWake(flag, value); }
+  uint32_t readFlagNow(const uint32_t* flag) override { return load(flag); }
+  void copyNow(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+
+ private:
+  struct Allocation {
+    std::byte* base;
+    size_t bytes;  // mapped length
+    int fd;        // the memfd, or -1 for an import
+    int device;
+  };
+
+  static size_t pageRounded(size_t bytes) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  }
+
+  static void checkDevice(int device, const char* what) {
+    if (device < 0 || device >= kDevices)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: %s: device %d does not exist (devices 0 to %d)",
+                         what, device, kDevices - 1));
+  }
+
+  static void checkReduce(const ReduceArgs& args) {
+    if (args.inputs < 1 || args.inputs > kMaxReduceInputs)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: reduce of %d inputs (1 to %d)", args.inputs,
+                         kMaxReduceInputs));
+    if (!isValid(args.type) || !isValid(args.op))
+      throw Error(ErrorCode::InvalidArgument, "braid: emulated device: reduce: bad type or op");
+  }
+
+  // Two inputs: braid's host kernel. More: the device's fold (fp32
+  // accumulation for narrow floats, one rounding), which for two inputs
+  // gives the same bits.
+  static void reduceNow(const ReduceArgs& args) {
+    if (args.inputs == 1) {
+      if (args.dst != args.srcs[0])
+        std::memmove(args.dst, args.srcs[0], args.count * dataTypeSize(args.type));
+    } else if (args.inputs == 2) {
+      reduce::kernelFor(args.type, args.op)(args.dst, args.srcs[0], args.srcs[1], args.count);
+    } else {
+      foldInputs(args);
+    }
+    if (args.finalizeDivisor >= 1)
+      reduce::finalize(args.dst, args.count, args.type, args.op, args.finalizeDivisor);
+  }
+
+  [[noreturn]] static void failMemory(const char* call, size_t bytes, int device, int err) {
+    throw Error(ErrorCode::SystemError,
+                format("braid: emulated device: %zu bytes on device %d: %s: %s", bytes, device,
+                       call, std::strerror(err)));
+  }
+
+  void remember(const Allocation& allocation) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allocations_[reinterpret_cast<uintptr_t>(allocation.base)] = allocation;
+    count_.store(allocations_.size(), std::memory_order_relaxed);
+  }
+
+  Allocation forget(void* base, const char* what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
+    if (it == allocations_.end())
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: %s: %p is not the start of emulated device "
+                         "memory",
+                         what, base));
+    const Allocation allocation = it->second;
+    allocations_.erase(it);
+    count_.store(allocations_.size(), std::memory_order_relaxed);
+    return allocation;
+  }
+
+  static thread_local int current_;
+  std::mutex mutex_;  // guards allocations_
+  std::map<uintptr_t, Allocation> allocations_;
+  std::atomic<size_t> count_{0};  // allocations_.size(), read without the lock
+};
+
+thread_local int EmulatedDevice::current_ = 0;
+
+}  // namespace
+
+std::unique_ptr<Device> create() { return std::make_unique<EmulatedDevice>(); }
+
+}  // namespace braid::device::emulated

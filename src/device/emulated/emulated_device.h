@@ -1,0 +1,30 @@
+// The emulated device (BRAID_DEVICE=emulated): a Device made of host
+// memory, so that everything above the CUDA binding runs and is tested on
+// machines without a GPU.
+//
+// - Memory is memfd-backed and mapped shared, so it is exported to and
+//   imported by other processes through the same file-descriptor passing
+//   as cuMem memory. Every allocation and import is registered with the
+//   device it belongs to; deviceOf() looks pointers up there.
+// - A stream is an in-order worker thread; an event is a counter the worker
+//   advances. A kernel is braid's host reduction (reduce::kernelFor), so
+//   its results are the host path's, bit for bit.
+// - A flag wait is an atomic wait on the flag's word (a futex, valid across
+//   processes on shared memory) that wakes every few milliseconds to notice
+//   its stream being destroyed. A flag write stores and wakes the waiters.
+//
+// kDevices devices exist; each thread's current device starts at 0. Every
+// device reaches every other one (as if all had peer access).
+#pragma once
+
+#include <memory>
+
+#include "device/device.h"
+
+namespace braid::device::emulated {
+
+inline constexpr int kDevices = 8;
+
+std::unique_ptr<Device> create();
+
+}  // namespace braid::device::emulated
