@@ -5,6 +5,7 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "transports/cuda_ipc/cuda_ipc_transport.h"
 #include "transports/self/self_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
@@ -86,6 +87,12 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
   wiring.names[rank] = loopback->name();
   wiring.transports.push_back(std::move(loopback));
   return wiring;
+}
+
+std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, device::Device& device,
+                                            int deviceIndex) {
+  return cuda_ipc::create(setup.bootstrap, device, deviceIndex, setup.slotBytes, setup.slots,
+                          setup.deadline);
 }
 
 }  // namespace braid::transport

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "device/device.h"
+#include "transports/device_transport.h"
 #include "transports/transport.h"
 
 namespace braid::transport {
@@ -32,5 +34,11 @@ struct Wiring {
 Wiring wireUp(const Setup& setup, const std::string& preference);
 
 std::vector<std::string> builtTransports();
+
+// Collective over the communicator: device connections to every peer on
+// this host (cuda_ipc), on `deviceIndex` of `device`, with the FIFO shape
+// of BRAID_DEVICE_SLOT_BYTES and BRAID_DEVICE_SLOTS.
+std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, device::Device& device,
+                                            int deviceIndex);
 
 }  // namespace braid::transport

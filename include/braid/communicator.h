@@ -15,16 +15,29 @@ namespace braid {
 // latency path. Stream::async() queues it on the communicator's progress
 // thread and returns at once; Work::wait() joins it. Operations still run in
 // issue order across both kinds.
+//
+// Stream::cuda(stream) is for device buffers (memory of the communicator's
+// device): the operation is enqueued on that cudaStream_t (0 is the legacy
+// default stream) and the call returns, NCCL's semantics; it runs after
+// the work queued on the stream before it, and what is queued after it
+// runs after it. Work::test() and wait() follow its completion on the
+// device. Host buffers given with a device stream keep the host path and
+// run in the caller's thread.
 class Stream {
  public:
   Stream() = default;
-  static Stream async() { return Stream(Kind::HostAsync); }
+  static Stream async() { return Stream(Kind::HostAsync, nullptr); }
+  static Stream cuda(void* cudaStream) { return Stream(Kind::Device, cudaStream); }
   bool isAsync() const { return kind_ == Kind::HostAsync; }
+  bool isDevice() const { return kind_ == Kind::Device; }
+  // The cudaStream_t given to cuda(), else nullptr.
+  void* deviceStream() const { return handle_; }
 
  private:
-  enum class Kind { HostSync, HostAsync };
-  explicit Stream(Kind kind) : kind_(kind) {}
+  enum class Kind { HostSync, HostAsync, Device };
+  Stream(Kind kind, void* handle) : kind_(kind), handle_(handle) {}
   Kind kind_ = Kind::HostSync;
+  void* handle_ = nullptr;
 };
 
 // Completion handle of one operation. Copies share the same operation.
@@ -109,6 +122,9 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  // The device whose memory this communicator's device buffers live in
+  // (Config::device), or -1 when the process has no device.
+  int device() const;
   bool valid() const { return impl_ != nullptr; }
 
   struct Impl;  // opaque outside the library

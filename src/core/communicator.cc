@@ -141,6 +141,47 @@ class Checker {
     if (pointer == nullptr && count > 0)
       reject(format("argument '%s' is null but count is %zu", name, count));
   }
+  // Whether the op's buffers (those this rank uses; null ones are skipped)
+  // are memory of the communicator's device, so that it runs on the device
+  // executor. All host, or all this device's, and a device stream with
+  // device memory; else InvalidArgument naming the argument.
+  struct Named {
+    const char* name;
+    const void* pointer;
+  };
+  bool onDevice(const Stream& stream, std::initializer_list<Named> buffers) const {
+    if (!impl_.device) return false;  // every pointer is host memory
+    const Named* first = nullptr;
+    int firstDevice = -1;
+    for (const Named& buffer : buffers) {
+      if (!buffer.pointer) continue;
+      const int device = impl_.device->deviceOf(buffer.pointer);
+      if (device >= 0 && device != impl_.deviceIndex)
+        reject(format("argument '%s' is memory of device %d; this communicator's device is %d",
+                      buffer.name, device, impl_.deviceIndex));
+      if (!first) {
+        first = &buffer;
+        firstDevice = device;
+      } else if ((device >= 0) != (firstDevice >= 0)) {
+        reject(
+            format("argument '%s' is %s memory and '%s' %s memory: both must be host memory "
+                   "or both device memory",
+                   first->name, firstDevice >= 0 ? "device" : "host", buffer.name,
+                   device >= 0 ? "device" : "host"));
+      }
+    }
+    if (firstDevice < 0) return false;
+    if (!stream.isDevice())
+      reject(
+          format("argument 'stream': '%s' is device memory, which needs Stream::cuda(stream) "
+                 "(the host streams cannot order device work)",
+                 first->name));
+    if (!impl_.deviceExecutor)
+      fail(ErrorCode::InvalidUsage, impl_.rank,
+           format("%s: device buffers cannot be used by this communicator: %s", op_,
+                  impl_.noDevice.c_str()));
+    return true;
+  }
 
  private:
   const Communicator::Impl& impl_;
@@ -194,12 +235,20 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     shape.alignElems = std::max<size_t>(1, 64 / size);  // chunks start on cache lines
     shape.chunkElems =
         std::max(shape.alignElems, knobs.chunkBytes / size / shape.alignElems * shape.alignElems);
+    algo::Shape& onDevice = deviceShapes[static_cast<size_t>(t)];
+    onDevice = shape;
+    onDevice.alignElems = std::max<size_t>(1, 256 / size);  // chunks start on 256-byte lines
+    onDevice.chunkElems =
+        std::max(onDevice.alignElems,
+                 knobs.deviceChunkBytes / size / onDevice.alignElems * onDevice.alignElems);
   }
+  devicePlans.useModel(tuning::defaultLink("cuda_ipc"));
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
+  setUpDevice();
   if (knobs.tuning != Tuning::Fixed) {
     // Every rank must choose alike, so all model the same links. Without a
     // measurement that is the slowest transport any rank uses (tcp if any
@@ -228,6 +277,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
 
 Communicator::Impl::~Impl() {
   diagnose::remove(this);
+  deviceExecutor.reset();  // waits for the device work in flight
   if (!group.empty())
     dropGroup(std::make_exception_ptr(
         Error(ErrorCode::Aborted,
@@ -238,6 +288,32 @@ Communicator::Impl::~Impl() {
   }
   queueChanged.notify_all();
   if (progressThread.joinable()) progressThread.join();
+}
+
+void Communicator::Impl::setUpDevice() {
+  device = device::current();
+  // Every rank or none: a rank without a device keeps the others from
+  // setting up connections nobody could use.
+  deviceIndex = device ? (knobs.device >= 0 ? knobs.device : device->current()) : -1;
+  const bool usable = device && deviceIndex < device->count();
+  std::vector<uint8_t> ready(static_cast<size_t>(nranks), 0);
+  ready[rank] = usable ? 1 : 0;
+  bootstrap->allGather(ready.data(), 1, deadlineAfter(knobs.timeout));
+  if (device && !usable)
+    fail(ErrorCode::InvalidArgument, rank,
+         format("init: Config::device is %d, and this process has %d %s devices (0 to %d)",
+                deviceIndex, device->count(), device->name(), device->count() - 1));
+  for (int r = 0; r < nranks; ++r)
+    if (!ready[r] && noDevice.empty())
+      noDevice = r == rank ? device::unavailableReason()
+                           : format("rank %d of this communicator has no device", r);
+  if (!noDevice.empty()) return;
+  const transport::Setup setup{*bootstrap, knobs.deviceSlotBytes, knobs.deviceSlots,
+                               deadlineAfter(knobs.timeout)};
+  deviceExecutor = std::make_unique<exec::DeviceExecutor>(
+      *device, transport::wireDevice(setup, *device, deviceIndex), rank, nranks, deviceIndex,
+      knobs.timeout, aborted, [this](const Error& error) { recordFailure(error); });
+  BRAID_INFO(Init, "device %d (%s): device buffers go over cuda_ipc", deviceIndex, device->name());
 }
 
 void Communicator::Impl::throwIfFailed() const {
@@ -270,352 +346,6 @@ void Communicator::Impl::dropGroup(std::exception_ptr error) {
     op.work->complete(error);
   }
   group.clear();
-}
-
-namespace {
-
-// The bytes an op reads and writes, by NCCL's buffer conventions.
-struct Extents {
-  const std::byte* in;
-  size_t inBytes;
-  const std::byte* out;
-  size_t outBytes;
-};
-
-Extents extentsOf(const PendingOp& op, int nranks) {
-  size_t inBytes = op.info.count * dataTypeSize(op.info.type), outBytes = inBytes;
-  if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
-  if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
-  return {static_cast<const std::byte*>(op.input), op.input ? inBytes : 0,
-          static_cast<const std::byte*>(op.output), op.output ? outBytes : 0};
-}
-
-bool overlap(const std::byte* a, size_t aBytes, const std::byte* b, size_t bBytes) {
-  return aBytes && bBytes && a < b + bBytes && b < a + aBytes;
-}
-
-}  // namespace
-
-void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const {
-  for (size_t i = 0; i < count; ++i) {
-    if (ops[i].info.count * lanes[i].elemSize < knobs.directBytes) continue;
-    const Extents mine = extentsOf(ops[i], nranks);
-    // An input that this op (in place) or another op of the group writes
-    // is never lent.
-    bool written = false;
-    for (size_t j = 0; j < count && !written; ++j) {
-      const Extents other = j == i ? mine : extentsOf(ops[j], nranks);
-      written = overlap(mine.in, mine.inBytes, other.out, other.outBytes);
-    }
-    if (mine.inBytes && !written) lanes[i].inputRegion = memory::find(mine.in);
-    if (mine.outBytes) lanes[i].outputRegion = memory::find(mine.out);
-  }
-}
-
-void Communicator::Impl::execute(PendingOp* ops, size_t count) {
-  exec::Lane single;
-  std::vector<exec::Lane> many;
-  exec::Lane* lanes = &single;
-  if (count > 1) {
-    many.resize(count);
-    lanes = many.data();
-  }
-  for (size_t i = 0; i < count; ++i) {
-    const PendingOp& op = ops[i];
-    exec::Lane& lane = lanes[i];
-    lane.plan = op.plan;
-    lane.input = static_cast<const std::byte*>(op.input);
-    lane.output = static_cast<std::byte*>(op.output);
-    lane.type = op.info.type;
-    lane.elemSize = dataTypeSize(op.info.type);
-    lane.op = op.info.op;
-    lane.kernel = op.info.reduces ? reduce::kernelFor(op.info.type, op.info.op) : nullptr;
-    lane.nranks = nranks;
-    lane.tag = op.tag;
-    lane.info = &op.info;
-  }
-  if (executor->usesReferences()) findRegions(ops, lanes, count);
-  std::exception_ptr failure;
-  try {
-    throwIfFailed();
-    executor->run(lanes, count, knobs.timeout, aborted);
-  } catch (const Error& error) {
-    if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
-      diagnose::report(*this, "timed out");
-    recordFailure(error);
-    giveUp(executor->blamedRank());
-    failure = std::current_exception();
-  } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
-    Error internal(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
-                                               ops[0].info.describe().c_str(), error.what()));
-    recordFailure(internal);
-    giveUp(-1);
-    failure = std::make_exception_ptr(internal);
-  }
-  if (failure) {
-    for (size_t i = 0; i < count; ++i)
-      if (ops[i].work) ops[i].work->complete(failure);
-    std::rethrow_exception(failure);
-  }
-  uint64_t completed = completedSeq.load(std::memory_order_relaxed);
-  for (size_t i = 0; i < count; ++i) {
-    if (!ops[i].pointToPoint) completed = std::max(completed, ops[i].info.seq + 1);
-    if (ops[i].work) ops[i].work->complete(nullptr);
-  }
-  completedSeq.store(completed, std::memory_order_relaxed);
-}
-
-void Communicator::Impl::waitForAsyncIdle() {
-  if (outstanding.load(std::memory_order_acquire) == 0) return;  // the latency path: no lock
-  std::unique_lock<std::mutex> lock(queueMutex);
-  queueChanged.wait(lock, [&] { return outstanding == 0; });
-}
-
-void Communicator::Impl::enqueue(std::vector<PendingOp> ops) {
-  std::lock_guard<std::mutex> lock(queueMutex);
-  if (!progressThread.joinable()) progressThread = std::thread([this] { progressLoop(); });
-  queue.push_back(std::move(ops));
-  ++outstanding;
-  queueChanged.notify_all();
-}
-
-void Communicator::Impl::progressLoop() {
-  std::unique_lock<std::mutex> lock(queueMutex);
-  for (;;) {
-    queueChanged.wait(lock, [&] { return stopping || !queue.empty(); });
-    if (queue.empty()) return;  // stopping, and nothing left to run
-    std::vector<PendingOp> ops = std::move(queue.front());
-    queue.pop_front();
-    lock.unlock();
-    try {
-      execute(ops.data(), ops.size());
-    } catch (...) {
-      // Delivered through each op's Work.
-    }
-    lock.lock();
-    --outstanding;
-    queueChanged.notify_all();
-  }
-}
-
-namespace {
-
-// A message tag that differs when two ranks issue different ops: the low 16
-// bits are the op's sequence number, the next 15 a hash of what the op is
-// (collective, count, type, op, root), the top bit says point-to-point.
-// (Send and recv hash only count and type, which both ends share.)
-uint32_t tagFor(const PendingOp& op) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
-  if (!op.pointToPoint) {
-    mix(static_cast<uint64_t>(op.collective));
-    mix(op.info.reduces ? static_cast<uint64_t>(op.info.op) : 99);
-    mix(static_cast<uint64_t>(op.info.root + 1));
-  }
-  mix(op.info.count);
-  mix(static_cast<uint64_t>(op.info.type));
-  uint32_t shape = static_cast<uint32_t>(h ^ (h >> 32)) & 0x7fff;
-  return (op.pointToPoint ? 0x80000000u : 0u) | shape << 16 |
-         static_cast<uint32_t>(op.info.seq & 0xffff);
-}
-
-}  // namespace
-
-void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
-  op.plan = plans.get(op.planned, op.shape).get();
-  // (Its plan is the cache's last one: it was looked up just now.)
-  if (keep) op.keepPlan = plans.last();
-}
-
-void Communicator::Impl::verifySameCollective(const PendingOp& op) {
-  constexpr size_t kFields = 6;
-  const int64_t mine[kFields] = {static_cast<int64_t>(op.info.seq),
-                                 static_cast<int64_t>(op.collective),
-                                 static_cast<int64_t>(op.info.type),
-                                 static_cast<int64_t>(op.info.count),
-                                 op.info.reduces ? static_cast<int64_t>(op.info.op) : -1,
-                                 op.info.root};
-  std::vector<int64_t> all(kFields * static_cast<size_t>(nranks));
-  algo::Shape shape = shapes[static_cast<size_t>(DataType::Int64)];
-  shape.count = kFields;
-  const algo::Plan plan = algo::makePlan(
-      Collective::AllGather,
-      tuning::choose(Collective::AllGather, shape, tuning::AlgoPreference{}, knobs.oneShotBytes),
-      shape);
-  PendingOp check;
-  check.collective = Collective::AllGather;
-  check.info.name = "allGather (BRAID_DEBUG_COLLECTIVES check)";
-  check.info.seq = nextCollectiveSeq();
-  check.info.count = kFields;
-  check.info.type = DataType::Int64;
-  check.plan = &plan;
-  check.input = mine;
-  check.output = all.data();
-  check.tag = tagFor(check);
-  waitForAsyncIdle();  // the check runs on this thread, now
-  execute(&check, 1);
-  auto describe = [&](const int64_t* f) {
-    std::string text =
-        format("%s #%lld (count %lld, %s", algo::collectiveName(static_cast<Collective>(f[1])),
-               static_cast<long long>(f[0]), static_cast<long long>(f[3]),
-               dataTypeName(static_cast<DataType>(f[2])));
-    if (f[4] >= 0) text += format(", %s", reduceOpName(static_cast<ReduceOp>(f[4])));
-    if (f[5] >= 0) text += format(", root %lld", static_cast<long long>(f[5]));
-    return text + ")";
-  };
-  bool same = true;
-  for (size_t r = 1; r < static_cast<size_t>(nranks); ++r)
-    same &= std::equal(all.begin(), all.begin() + kFields, all.begin() + r * kFields);
-  if (same) return;
-  // Group the ranks by what they called.
-  std::string message = "BRAID_DEBUG_COLLECTIVES: the ranks called different collectives:";
-  std::vector<bool> told(static_cast<size_t>(nranks), false);
-  for (size_t r = 0; r < static_cast<size_t>(nranks); ++r) {
-    if (told[r]) continue;
-    std::string ranks;
-    for (size_t q = r; q < static_cast<size_t>(nranks); ++q)
-      if (!told[q] && std::equal(all.begin() + r * kFields, all.begin() + (r + 1) * kFields,
-                                 all.begin() + q * kFields)) {
-        told[q] = true;
-        ranks += format("%s%zu", ranks.empty() ? "" : ", ", q);
-      }
-    message += format(" rank%s %s called %s;", ranks.find(',') != std::string::npos ? "s" : "",
-                      ranks.c_str(), describe(&all[r * kFields]).c_str());
-  }
-  fail(ErrorCode::InvalidUsage, rank, message);
-}
-
-Work Communicator::Impl::issue(PendingOp&& op) {
-  if (knobs.debugCollectives && !op.pointToPoint) verifySameCollective(op);
-  op.tag = tagFor(op);
-  // An op that runs later keeps its plan: the cache may evict it meanwhile.
-  if (groupDepth == 0) resolvePlan(op, op.async);
-  if (groupDepth > 0) {
-    op.work = std::make_shared<Work::State>();
-    op.work->inOpenGroup = true;
-    Work work(op.work);
-    group.push_back(std::move(op));
-    return work;
-  }
-  if (op.async) {
-    op.work = std::make_shared<Work::State>();
-    Work work(op.work);
-    std::vector<PendingOp> ops;
-    ops.push_back(std::move(op));
-    enqueue(std::move(ops));
-    return work;
-  }
-  waitForAsyncIdle();
-  execute(&op, 1);
-  return Work();  // an empty Work is a completed one
-}
-
-algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const algo::Shape& shape,
-                                                   const std::vector<algo::Algorithm>& contenders) {
-  constexpr int kTimedRounds = 5;
-  // The element size's usual type, for the reduction kernel's speed.
-  DataType type = DataType::Uint8;
-  switch (shape.elemSize) {
-    case 2:
-      type = DataType::BFloat16;
-      break;
-    case 4:
-      type = DataType::Float32;
-      break;
-    case 8:
-      type = DataType::Float64;
-      break;
-  }
-  const bool reduces = collective == Collective::AllReduce || collective == Collective::Reduce ||
-                       collective == Collective::ReduceScatter;
-  const size_t whole = algo::bufferBytes(collective, shape);
-  const size_t one = shape.count * shape.elemSize;
-  std::vector<std::byte> in(collective == Collective::ReduceScatter ? whole : one);
-  std::vector<std::byte> out(collective == Collective::AllGather ? whole : one);
-  static constexpr const char* kNames[] = {"allReduce trial", "broadcast trial", "reduce trial",
-                                           "allGather trial", "reduceScatter trial"};
-
-  waitForAsyncIdle();
-  std::vector<algo::Plan> plans;
-  for (algo::Algorithm a : contenders) plans.push_back(algo::makePlan(collective, a, shape));
-  // Rounds take the contenders in turn, so that a slow spell of the machine
-  // slows them alike; the first round only touches every page. In a round,
-  // a contender runs once untimed (the ranks leave the previous contender
-  // at different moments), then a few times back to back, timed together,
-  // as a loop of calls would run.
-  const int batch = static_cast<int>(std::clamp<size_t>((size_t{256} << 10) / whole, 2, 16));
-  std::vector<std::vector<double>> runs(contenders.size());
-  for (int round = 0; round <= kTimedRounds; ++round)
-    for (size_t i = 0; i < contenders.size(); ++i) {
-      auto start = Clock::now();
-      for (int call = 0; call <= (round ? batch : 0); ++call) {
-        if (call == 1) start = Clock::now();
-        PendingOp op;
-        op.collective = collective;
-        op.info.name = kNames[static_cast<size_t>(collective)];
-        op.info.seq = nextCollectiveSeq();
-        op.info.count = shape.count;
-        op.info.type = type;
-        op.info.reduces = reduces;
-        op.info.root = collective == Collective::Broadcast || collective == Collective::Reduce
-                           ? shape.root
-                           : -1;
-        op.plan = &plans[i];
-        op.input = in.data();
-        op.output = out.data();
-        op.tag = tagFor(op);
-        execute(&op, 1);
-      }
-      if (round > 0)
-        runs[i].push_back(std::chrono::duration<double>(Clock::now() - start).count() / batch);
-    }
-  std::vector<double> seconds;  // each contender's median round on this rank
-  for (std::vector<double>& times : runs) {
-    std::nth_element(times.begin(), times.begin() + kTimedRounds / 2, times.end());
-    seconds.push_back(times[kTimedRounds / 2]);
-  }
-
-  // The slowest rank's median of each: the same numbers on every rank.
-  algo::Shape agree = shapes[static_cast<size_t>(DataType::Float64)];
-  agree.count = seconds.size();
-  const algo::Plan plan = algo::makePlan(
-      Collective::AllReduce,
-      tuning::choose(Collective::AllReduce, agree, tuning::AlgoPreference{}, knobs.oneShotBytes),
-      agree);
-  std::vector<double> slowest(seconds.size());
-  PendingOp op;
-  op.collective = Collective::AllReduce;
-  op.info.name = "allReduce (tuning agreement)";
-  op.info.seq = nextCollectiveSeq();
-  op.info.count = seconds.size();
-  op.info.type = DataType::Float64;
-  op.info.op = ReduceOp::Max;
-  op.info.reduces = true;
-  op.plan = &plan;
-  op.input = seconds.data();
-  op.output = slowest.data();
-  op.tag = tagFor(op);
-  execute(&op, 1);
-
-  // The fastest, unless an earlier contender (the model's favourite first)
-  // is within 3%: a difference that small is noise.
-  size_t best = 0;
-  for (size_t i = 1; i < slowest.size(); ++i)
-    if (slowest[i] < slowest[best]) best = i;
-  for (size_t i = 0; i < best; ++i)
-    if (slowest[i] <= slowest[best] * 1.03) {
-      best = i;
-      break;
-    }
-  if (log::enabled(log::Level::Info, log::Subsys::Coll)) {
-    std::string times;
-    for (size_t i = 0; i < slowest.size(); ++i)
-      times += format("%s%s %.3g us", i ? ", " : "", algo::algorithmName(contenders[i]),
-                      slowest[i] * 1e6);
-    BRAID_INFO(Coll, "tuning %s of %zu bytes: %s: %s", algo::collectiveName(collective), whole,
-               times.c_str(), algo::algorithmName(contenders[best]));
-  }
-  return contenders[best];
 }
 
 // ---------------------------------------------------------------- Communicator
@@ -666,15 +396,22 @@ Communicator::Impl& usable(Communicator::Impl* impl, const char* op) {
   return *impl;
 }
 
-algo::Shape shapeFor(const Communicator::Impl& impl, size_t count, DataType type) {
-  algo::Shape shape = impl.shapes[static_cast<size_t>(type)];
+algo::Shape shapeFor(const Communicator::Impl& impl, size_t count, DataType type,
+                     bool onDevice = false) {
+  algo::Shape shape = (onDevice ? impl.deviceShapes : impl.shapes)[static_cast<size_t>(type)];
   shape.count = count;
   return shape;
 }
 
+void placeOn(PendingOp& op, bool onDevice, const Stream& stream) {
+  op.async = stream.isAsync();
+  op.onDevice = onDevice;
+  op.deviceStream = onDevice ? stream.deviceStream() : nullptr;
+}
+
 PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const char* name,
                        const algo::Shape& shape, DataType type, const void* input, void* output,
-                       Stream stream) {
+                       Stream stream, bool onDevice) {
   PendingOp op;
   op.collective = collective;
   op.info.name = name;
@@ -685,7 +422,7 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   op.shape = shape;
   op.input = input;
   op.output = output;
-  op.async = stream.isAsync();
+  placeOn(op, onDevice, stream);
   return op;
 }
 
@@ -700,8 +437,10 @@ Work Communicator::allReduce(const void* send, void* recv, size_t count, DataTyp
   check.size("count", count, type);
   check.buffer("send", send, count);
   check.buffer("recv", recv, count);
-  PendingOp pending = collectiveOp(impl, Collective::AllReduce, "allReduce",
-                                   shapeFor(impl, count, type), type, send, recv, stream);
+  const bool onDevice = check.onDevice(stream, {{"send", send}, {"recv", recv}});
+  PendingOp pending =
+      collectiveOp(impl, Collective::AllReduce, "allReduce", shapeFor(impl, count, type, onDevice),
+                   type, send, recv, stream, onDevice);
   pending.info.op = op;
   pending.info.reduces = true;
   return impl.issue(std::move(pending));
@@ -716,10 +455,12 @@ Work Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   check.size("count", count, type);
   if (impl.rank == root) check.buffer("send", send, count);
   check.buffer("recv", recv, count);
-  algo::Shape shape = shapeFor(impl, count, type);
+  const bool onDevice =
+      check.onDevice(stream, {{"send", impl.rank == root ? send : nullptr}, {"recv", recv}});
+  algo::Shape shape = shapeFor(impl, count, type, onDevice);
   shape.root = root;
-  PendingOp pending =
-      collectiveOp(impl, Collective::Broadcast, "broadcast", shape, type, send, recv, stream);
+  PendingOp pending = collectiveOp(impl, Collective::Broadcast, "broadcast", shape, type, send,
+                                   recv, stream, onDevice);
   pending.info.root = root;
   return impl.issue(std::move(pending));
 }
@@ -734,10 +475,12 @@ Work Communicator::reduce(const void* send, void* recv, size_t count, DataType t
   check.size("count", count, type);
   check.buffer("send", send, count);
   if (impl.rank == root) check.buffer("recv", recv, count);
-  algo::Shape shape = shapeFor(impl, count, type);
+  const bool onDevice =
+      check.onDevice(stream, {{"send", send}, {"recv", impl.rank == root ? recv : nullptr}});
+  algo::Shape shape = shapeFor(impl, count, type, onDevice);
   shape.root = root;
   PendingOp pending =
-      collectiveOp(impl, Collective::Reduce, "reduce", shape, type, send, recv, stream);
+      collectiveOp(impl, Collective::Reduce, "reduce", shape, type, send, recv, stream, onDevice);
   pending.info.op = op;
   pending.info.reduces = true;
   pending.info.root = root;
@@ -752,8 +495,10 @@ Work Communicator::allGather(const void* send, void* recv, size_t sendCount, Dat
   check.size("sendCount", sendCount, type, impl.nranks);
   check.buffer("send", send, sendCount);
   check.buffer("recv", recv, sendCount);
+  const bool onDevice = check.onDevice(stream, {{"send", send}, {"recv", recv}});
   return impl.issue(collectiveOp(impl, Collective::AllGather, "allGather",
-                                 shapeFor(impl, sendCount, type), type, send, recv, stream));
+                                 shapeFor(impl, sendCount, type, onDevice), type, send, recv,
+                                 stream, onDevice));
 }
 
 Work Communicator::reduceScatter(const void* send, void* recv, size_t recvCount, DataType type,
@@ -765,8 +510,10 @@ Work Communicator::reduceScatter(const void* send, void* recv, size_t recvCount,
   check.size("recvCount", recvCount, type, impl.nranks);
   check.buffer("send", send, recvCount);
   check.buffer("recv", recv, recvCount);
-  PendingOp pending = collectiveOp(impl, Collective::ReduceScatter, "reduceScatter",
-                                   shapeFor(impl, recvCount, type), type, send, recv, stream);
+  const bool onDevice = check.onDevice(stream, {{"send", send}, {"recv", recv}});
+  PendingOp pending =
+      collectiveOp(impl, Collective::ReduceScatter, "reduceScatter",
+                   shapeFor(impl, recvCount, type, onDevice), type, send, recv, stream, onDevice);
   pending.info.op = op;
   pending.info.reduces = true;
   return impl.issue(std::move(pending));
@@ -775,8 +522,8 @@ Work Communicator::reduceScatter(const void* send, void* recv, size_t recvCount,
 namespace {
 
 PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input, void* output,
-                       size_t count, DataType type, int peer, Stream stream) {
-  algo::Shape shape = shapeFor(impl, count, type);
+                       size_t count, DataType type, int peer, Stream stream, bool onDevice) {
+  algo::Shape shape = shapeFor(impl, count, type, onDevice);
   shape.peer = peer;
   uint64_t& seq = sending ? impl.sendSeq[peer] : impl.recvSeq[peer];
   PendingOp op;
@@ -791,7 +538,7 @@ PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input
   op.output = output;
   // The k-th send from A to B meets the k-th receive at B from A.
   op.pointToPoint = true;
-  op.async = stream.isAsync();
+  placeOn(op, onDevice, stream);
   return op;
 }
 
@@ -804,7 +551,8 @@ Work Communicator::send(const void* buffer, size_t count, DataType type, int pee
   check.rank("peer", peer);
   check.size("count", count, type);
   check.buffer("buffer", buffer, count);
-  return impl.issue(pointToPoint(impl, true, buffer, nullptr, count, type, peer, stream));
+  const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
+  return impl.issue(pointToPoint(impl, true, buffer, nullptr, count, type, peer, stream, onDevice));
 }
 
 Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Stream stream) {
@@ -814,14 +562,16 @@ Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Str
   check.rank("peer", peer);
   check.size("count", count, type);
   check.buffer("buffer", buffer, count);
-  return impl.issue(pointToPoint(impl, false, nullptr, buffer, count, type, peer, stream));
+  const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
+  return impl.issue(
+      pointToPoint(impl, false, nullptr, buffer, count, type, peer, stream, onDevice));
 }
 
 Work Communicator::barrier(Stream stream) {
   Impl& impl = usable(impl_.get(), "barrier");
   PendingOp pending =
       collectiveOp(impl, Collective::AllReduce, "barrier", shapeFor(impl, 1, DataType::Uint8),
-                   DataType::Uint8, &impl.barrierIn, &impl.barrierOut, stream);
+                   DataType::Uint8, &impl.barrierIn, &impl.barrierOut, stream, false);
   pending.info.op = ReduceOp::Max;
   pending.info.reduces = true;
   return impl.issue(std::move(pending));
@@ -853,6 +603,21 @@ void Communicator::groupEnd() {
   for (PendingOp& op : ops) {
     std::lock_guard<std::mutex> lock(op.work->mutex);
     op.work->inOpenGroup = false;
+  }
+  // Device ops are enqueued together on their streams; the host ops run
+  // as a group of their own.
+  auto firstHost = std::stable_partition(ops.begin(), ops.end(),
+                                         [](const PendingOp& op) { return op.onDevice; });
+  if (firstHost != ops.begin()) {
+    try {
+      impl.executeOnDevice(ops.data(), static_cast<size_t>(firstHost - ops.begin()));
+    } catch (const Error&) {
+      impl.group.assign(std::make_move_iterator(firstHost), std::make_move_iterator(ops.end()));
+      impl.dropGroup(std::current_exception());
+      throw;
+    }
+    ops.erase(ops.begin(), firstHost);
+    if (ops.empty()) return;
   }
   bool async = std::any_of(ops.begin(), ops.end(), [](const PendingOp& op) { return op.async; });
   if (async) {
@@ -945,6 +710,11 @@ int Communicator::rank() const {
 int Communicator::size() const {
   if (!impl_) throw Error(ErrorCode::InvalidUsage, "braid: size() on an empty communicator handle");
   return impl_->nranks;
+}
+int Communicator::device() const {
+  if (!impl_)
+    throw Error(ErrorCode::InvalidUsage, "braid: device() on an empty communicator handle");
+  return impl_->device ? impl_->deviceIndex : -1;
 }
 
 namespace detail {

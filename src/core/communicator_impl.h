@@ -16,7 +16,9 @@
 #include "braid/communicator.h"
 #include "core/knobs.h"
 #include "core/plan_cache.h"
+#include "device/device.h"
 #include "exec/cpu_executor.h"
+#include "exec/device_executor.h"
 #include "transports/registry.h"
 
 namespace braid {
@@ -46,6 +48,10 @@ struct PendingOp {
   Collective collective = Collective::AllReduce;
   bool pointToPoint = false;
   bool async = false;
+  // Its buffers are device memory: it is enqueued on `deviceStream` (a
+  // cudaStream_t, or the emulated device's stream).
+  bool onDevice = false;
+  void* deviceStream = nullptr;
   std::shared_ptr<Work::State> work;
 };
 
@@ -67,6 +73,13 @@ struct Communicator::Impl {
   void verifySameCollective(const PendingOp& op);
   // Issues `op`: into the open group, onto the progress thread, or inline.
   Work issue(PendingOp&& op);
+  // Enqueues device ops together on their streams; their Work completes
+  // once the device passed them. Throws (completing their Work with the
+  // error) when they cannot be enqueued.
+  void executeOnDevice(PendingOp* ops, size_t count);
+  // Collective: gives the communicator its device and device connections
+  // when every rank has a device; else notes why not (noDevice).
+  void setUpDevice();
   // Runs ops together in the calling thread and completes their Work.
   // REQUIRES: the calling thread owns the executor. The progress thread owns
   // it while `outstanding` > 0; the user's thread (one at a time, as for
@@ -131,12 +144,24 @@ struct Communicator::Impl {
   std::vector<PendingOp> group;         // ops issued inside the open group
   std::byte barrierIn{}, barrierOut{};  // the barrier's 1-byte all-reduce
 
+  // Device memory. `device` is the process's device (null: none), and
+  // deviceExecutor exists when every rank has one; otherwise noDevice says
+  // why device buffers cannot be used.
+  device::Device* device = nullptr;
+  int deviceIndex = -1;
+  std::string noDevice;
+  std::array<algo::Shape, kNumDataTypes> deviceShapes;  // chunks of half a device FIFO
+  PlanCache devicePlans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
+
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;
   std::deque<std::vector<PendingOp>> queue;
   std::atomic<size_t> outstanding{0};  // queued or running on the progress thread
   bool stopping = false;
   std::thread progressThread;  // started by the first async op
+
+  // Last: its watchdog reports failures into the members above.
+  std::unique_ptr<exec::DeviceExecutor> deviceExecutor;
 };
 
 }  // namespace braid

@@ -13,7 +13,8 @@
 
 namespace braid::tuning {
 
-// The link model of `transport` ("shm", "tcp", ...); unknown names get tcp's.
+// The link model of `transport` ("shm", "tcp", "cuda_ipc" for device
+// FIFOs, ...); unknown names get tcp's.
 algo::LinkModel defaultLink(const std::string& transport);
 
 }  // namespace braid::tuning

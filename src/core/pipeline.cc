@@ -1,0 +1,415 @@
+// The op pipeline: issue -> plan -> executor. An op is issued into the
+// open group, onto the progress thread or inline; its plan comes from the
+// cache (timing contenders on a first call under measured tuning); the
+// host executor runs host buffers, the device executor enqueues device
+// buffers on their stream.
+#include <algorithm>
+#include <cstring>
+
+#include "core/communicator_impl.h"
+#include "core/diagnose.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "tuning/algo_choice.h"
+
+namespace braid {
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+namespace {
+
+// The bytes an op reads and writes, by NCCL's buffer conventions.
+struct Extents {
+  const std::byte* in;
+  size_t inBytes;
+  const std::byte* out;
+  size_t outBytes;
+};
+
+Extents extentsOf(const PendingOp& op, int nranks) {
+  size_t inBytes = op.info.count * dataTypeSize(op.info.type), outBytes = inBytes;
+  if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
+  if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
+  return {static_cast<const std::byte*>(op.input), op.input ? inBytes : 0,
+          static_cast<const std::byte*>(op.output), op.output ? outBytes : 0};
+}
+
+bool overlap(const std::byte* a, size_t aBytes, const std::byte* b, size_t bBytes) {
+  return aBytes && bBytes && a < b + bBytes && b < a + aBytes;
+}
+
+}  // namespace
+
+void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const {
+  for (size_t i = 0; i < count; ++i) {
+    if (ops[i].info.count * lanes[i].elemSize < knobs.directBytes) continue;
+    const Extents mine = extentsOf(ops[i], nranks);
+    // An input that this op (in place) or another op of the group writes
+    // is never lent.
+    bool written = false;
+    for (size_t j = 0; j < count && !written; ++j) {
+      const Extents other = j == i ? mine : extentsOf(ops[j], nranks);
+      written = overlap(mine.in, mine.inBytes, other.out, other.outBytes);
+    }
+    if (mine.inBytes && !written) lanes[i].inputRegion = memory::find(mine.in);
+    if (mine.outBytes) lanes[i].outputRegion = memory::find(mine.out);
+  }
+}
+
+void Communicator::Impl::execute(PendingOp* ops, size_t count) {
+  exec::Lane single;
+  std::vector<exec::Lane> many;
+  exec::Lane* lanes = &single;
+  if (count > 1) {
+    many.resize(count);
+    lanes = many.data();
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const PendingOp& op = ops[i];
+    exec::Lane& lane = lanes[i];
+    lane.plan = op.plan;
+    lane.input = static_cast<const std::byte*>(op.input);
+    lane.output = static_cast<std::byte*>(op.output);
+    lane.type = op.info.type;
+    lane.elemSize = dataTypeSize(op.info.type);
+    lane.op = op.info.op;
+    lane.kernel = op.info.reduces ? reduce::kernelFor(op.info.type, op.info.op) : nullptr;
+    lane.nranks = nranks;
+    lane.tag = op.tag;
+    lane.info = &op.info;
+  }
+  if (executor->usesReferences()) findRegions(ops, lanes, count);
+  std::exception_ptr failure;
+  try {
+    throwIfFailed();
+    executor->run(lanes, count, knobs.timeout, aborted);
+  } catch (const Error& error) {
+    if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
+      diagnose::report(*this, "timed out");
+    recordFailure(error);
+    giveUp(executor->blamedRank());
+    failure = std::current_exception();
+  } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
+    Error internal(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
+                                               ops[0].info.describe().c_str(), error.what()));
+    recordFailure(internal);
+    giveUp(-1);
+    failure = std::make_exception_ptr(internal);
+  }
+  if (failure) {
+    for (size_t i = 0; i < count; ++i)
+      if (ops[i].work) ops[i].work->complete(failure);
+    std::rethrow_exception(failure);
+  }
+  uint64_t completed = completedSeq.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < count; ++i) {
+    if (!ops[i].pointToPoint) completed = std::max(completed, ops[i].info.seq + 1);
+    if (ops[i].work) ops[i].work->complete(nullptr);
+  }
+  completedSeq.store(completed, std::memory_order_relaxed);
+}
+
+void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
+  std::vector<exec::DeviceLane> lanes(count);
+  std::vector<device::StreamHandle> streams;
+  std::vector<std::shared_ptr<Work::State>> works;
+  uint64_t lastSeq = 0;
+  bool collective = false;
+  for (size_t i = 0; i < count; ++i) {
+    const PendingOp& op = ops[i];
+    exec::DeviceLane& lane = lanes[i];
+    lane.plan = op.plan;
+    lane.input = static_cast<const std::byte*>(op.input);
+    lane.output = static_cast<std::byte*>(op.output);
+    lane.type = op.info.type;
+    lane.op = op.info.op;
+    lane.nranks = nranks;
+    lane.info = op.info;
+    if (std::find(streams.begin(), streams.end(), op.deviceStream) == streams.end())
+      streams.push_back(op.deviceStream);
+    works.push_back(op.work);
+    if (!op.pointToPoint) {
+      collective = true;
+      lastSeq = std::max(lastSeq, op.info.seq + 1);
+    }
+  }
+  auto done = [this, works = std::move(works), lastSeq, collective](std::exception_ptr error) {
+    if (!error && collective) {  // for hang reports: collectives done here
+      uint64_t seen = completedSeq.load(std::memory_order_relaxed);
+      while (seen < lastSeq && !completedSeq.compare_exchange_weak(seen, lastSeq)) {
+      }
+    }
+    for (const auto& work : works)
+      if (work) work->complete(error);
+  };
+  try {
+    throwIfFailed();
+    deviceExecutor->enqueue(lanes.data(), count, streams.data(), streams.size(), done);
+  } catch (const Error&) {
+    done(std::current_exception());
+    throw;
+  }
+}
+
+void Communicator::Impl::waitForAsyncIdle() {
+  if (outstanding.load(std::memory_order_acquire) == 0) return;  // the latency path: no lock
+  std::unique_lock<std::mutex> lock(queueMutex);
+  queueChanged.wait(lock, [&] { return outstanding == 0; });
+}
+
+void Communicator::Impl::enqueue(std::vector<PendingOp> ops) {
+  std::lock_guard<std::mutex> lock(queueMutex);
+  if (!progressThread.joinable()) progressThread = std::thread([this] { progressLoop(); });
+  queue.push_back(std::move(ops));
+  ++outstanding;
+  queueChanged.notify_all();
+}
+
+void Communicator::Impl::progressLoop() {
+  std::unique_lock<std::mutex> lock(queueMutex);
+  for (;;) {
+    queueChanged.wait(lock, [&] { return stopping || !queue.empty(); });
+    if (queue.empty()) return;  // stopping, and nothing left to run
+    std::vector<PendingOp> ops = std::move(queue.front());
+    queue.pop_front();
+    lock.unlock();
+    try {
+      execute(ops.data(), ops.size());
+    } catch (...) {
+      // Delivered through each op's Work.
+    }
+    lock.lock();
+    --outstanding;
+    queueChanged.notify_all();
+  }
+}
+
+namespace {
+
+// A message tag that differs when two ranks issue different ops: the low 16
+// bits are the op's sequence number, the next 15 a hash of what the op is
+// (collective, count, type, op, root), the top bit says point-to-point.
+// (Send and recv hash only count and type, which both ends share.)
+uint32_t tagFor(const PendingOp& op) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+  if (!op.pointToPoint) {
+    mix(static_cast<uint64_t>(op.collective));
+    mix(op.info.reduces ? static_cast<uint64_t>(op.info.op) : 99);
+    mix(static_cast<uint64_t>(op.info.root + 1));
+  }
+  mix(op.info.count);
+  mix(static_cast<uint64_t>(op.info.type));
+  uint32_t shape = static_cast<uint32_t>(h ^ (h >> 32)) & 0x7fff;
+  return (op.pointToPoint ? 0x80000000u : 0u) | shape << 16 |
+         static_cast<uint32_t>(op.info.seq & 0xffff);
+}
+
+}  // namespace
+
+void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
+  PlanCache& cache = op.onDevice ? devicePlans : plans;
+  op.plan = cache.get(op.planned, op.shape).get();
+  // (Its plan is the cache's last one: it was looked up just now.)
+  if (keep) op.keepPlan = cache.last();
+}
+
+void Communicator::Impl::verifySameCollective(const PendingOp& op) {
+  constexpr size_t kFields = 6;
+  const int64_t mine[kFields] = {static_cast<int64_t>(op.info.seq),
+                                 static_cast<int64_t>(op.collective),
+                                 static_cast<int64_t>(op.info.type),
+                                 static_cast<int64_t>(op.info.count),
+                                 op.info.reduces ? static_cast<int64_t>(op.info.op) : -1,
+                                 op.info.root};
+  std::vector<int64_t> all(kFields * static_cast<size_t>(nranks));
+  algo::Shape shape = shapes[static_cast<size_t>(DataType::Int64)];
+  shape.count = kFields;
+  const algo::Plan plan = algo::makePlan(
+      Collective::AllGather,
+      tuning::choose(Collective::AllGather, shape, tuning::AlgoPreference{}, knobs.oneShotBytes),
+      shape);
+  PendingOp check;
+  check.collective = Collective::AllGather;
+  check.info.name = "allGather (BRAID_DEBUG_COLLECTIVES check)";
+  check.info.seq = nextCollectiveSeq();
+  check.info.count = kFields;
+  check.info.type = DataType::Int64;
+  check.plan = &plan;
+  check.input = mine;
+  check.output = all.data();
+  check.tag = tagFor(check);
+  waitForAsyncIdle();  // the check runs on this thread, now
+  execute(&check, 1);
+  auto describe = [&](const int64_t* f) {
+    std::string text =
+        format("%s #%lld (count %lld, %s", algo::collectiveName(static_cast<Collective>(f[1])),
+               static_cast<long long>(f[0]), static_cast<long long>(f[3]),
+               dataTypeName(static_cast<DataType>(f[2])));
+    if (f[4] >= 0) text += format(", %s", reduceOpName(static_cast<ReduceOp>(f[4])));
+    if (f[5] >= 0) text += format(", root %lld", static_cast<long long>(f[5]));
+    return text + ")";
+  };
+  bool same = true;
+  for (size_t r = 1; r < static_cast<size_t>(nranks); ++r)
+    same &= std::equal(all.begin(), all.begin() + kFields, all.begin() + r * kFields);
+  if (same) return;
+  // Group the ranks by what they called.
+  std::string message = "BRAID_DEBUG_COLLECTIVES: the ranks called different collectives:";
+  std::vector<bool> told(static_cast<size_t>(nranks), false);
+  for (size_t r = 0; r < static_cast<size_t>(nranks); ++r) {
+    if (told[r]) continue;
+    std::string ranks;
+    for (size_t q = r; q < static_cast<size_t>(nranks); ++q)
+      if (!told[q] && std::equal(all.begin() + r * kFields, all.begin() + (r + 1) * kFields,
+                                 all.begin() + q * kFields)) {
+        told[q] = true;
+        ranks += format("%s%zu", ranks.empty() ? "" : ", ", q);
+      }
+    message += format(" rank%s %s called %s;", ranks.find(',') != std::string::npos ? "s" : "",
+                      ranks.c_str(), describe(&all[r * kFields]).c_str());
+  }
+  fail(ErrorCode::InvalidUsage, rank, message);
+}
+
+Work Communicator::Impl::issue(PendingOp&& op) {
+  if (knobs.debugCollectives && !op.pointToPoint) verifySameCollective(op);
+  op.tag = tagFor(op);
+  // An op that runs later keeps its plan: the cache may evict it meanwhile.
+  if (groupDepth == 0) resolvePlan(op, op.async);
+  if (groupDepth > 0) {
+    op.work = std::make_shared<Work::State>();
+    op.work->inOpenGroup = true;
+    Work work(op.work);
+    group.push_back(std::move(op));
+    return work;
+  }
+  if (op.onDevice) {
+    op.work = std::make_shared<Work::State>();
+    Work work(op.work);
+    executeOnDevice(&op, 1);
+    return work;
+  }
+  if (op.async) {
+    op.work = std::make_shared<Work::State>();
+    Work work(op.work);
+    std::vector<PendingOp> ops;
+    ops.push_back(std::move(op));
+    enqueue(std::move(ops));
+    return work;
+  }
+  waitForAsyncIdle();
+  execute(&op, 1);
+  return Work();  // an empty Work is a completed one
+}
+
+algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const algo::Shape& shape,
+                                                   const std::vector<algo::Algorithm>& contenders) {
+  constexpr int kTimedRounds = 5;
+  // The element size's usual type, for the reduction kernel's speed.
+  DataType type = DataType::Uint8;
+  switch (shape.elemSize) {
+    case 2:
+      type = DataType::BFloat16;
+      break;
+    case 4:
+      type = DataType::Float32;
+      break;
+    case 8:
+      type = DataType::Float64;
+      break;
+  }
+  const bool reduces = collective == Collective::AllReduce || collective == Collective::Reduce ||
+                       collective == Collective::ReduceScatter;
+  const size_t whole = algo::bufferBytes(collective, shape);
+  const size_t one = shape.count * shape.elemSize;
+  std::vector<std::byte> in(collective == Collective::ReduceScatter ? whole : one);
+  std::vector<std::byte> out(collective == Collective::AllGather ? whole : one);
+  static constexpr const char* kNames[] = {"allReduce trial", "broadcast trial", "reduce trial",
+                                           "allGather trial", "reduceScatter trial"};
+
+  waitForAsyncIdle();
+  std::vector<algo::Plan> plans;
+  for (algo::Algorithm a : contenders) plans.push_back(algo::makePlan(collective, a, shape));
+  // Rounds take the contenders in turn, so that a slow spell of the machine
+  // slows them alike; the first round only touches every page. In a round,
+  // a contender runs once untimed (the ranks leave the previous contender
+  // at different moments), then a few times back to back, timed together,
+  // as a loop of calls would run.
+  const int batch = static_cast<int>(std::clamp<size_t>((size_t{256} << 10) / whole, 2, 16));
+  std::vector<std::vector<double>> runs(contenders.size());
+  for (int round = 0; round <= kTimedRounds; ++round)
+    for (size_t i = 0; i < contenders.size(); ++i) {
+      auto start = Clock::now();
+      for (int call = 0; call <= (round ? batch : 0); ++call) {
+        if (call == 1) start = Clock::now();
+        PendingOp op;
+        op.collective = collective;
+        op.info.name = kNames[static_cast<size_t>(collective)];
+        op.info.seq = nextCollectiveSeq();
+        op.info.count = shape.count;
+        op.info.type = type;
+        op.info.reduces = reduces;
+        op.info.root = collective == Collective::Broadcast || collective == Collective::Reduce
+                           ? shape.root
+                           : -1;
+        op.plan = &plans[i];
+        op.input = in.data();
+        op.output = out.data();
+        op.tag = tagFor(op);
+        execute(&op, 1);
+      }
+      if (round > 0)
+        runs[i].push_back(std::chrono::duration<double>(Clock::now() - start).count() / batch);
+    }
+  std::vector<double> seconds;  // each contender's median round on this rank
+  for (std::vector<double>& times : runs) {
+    std::nth_element(times.begin(), times.begin() + kTimedRounds / 2, times.end());
+    seconds.push_back(times[kTimedRounds / 2]);
+  }
+
+  // The slowest rank's median of each: the same numbers on every rank.
+  algo::Shape agree = shapes[static_cast<size_t>(DataType::Float64)];
+  agree.count = seconds.size();
+  const algo::Plan plan = algo::makePlan(
+      Collective::AllReduce,
+      tuning::choose(Collective::AllReduce, agree, tuning::AlgoPreference{}, knobs.oneShotBytes),
+      agree);
+  std::vector<double> slowest(seconds.size());
+  PendingOp op;
+  op.collective = Collective::AllReduce;
+  op.info.name = "allReduce (tuning agreement)";
+  op.info.seq = nextCollectiveSeq();
+  op.info.count = seconds.size();
+  op.info.type = DataType::Float64;
+  op.info.op = ReduceOp::Max;
+  op.info.reduces = true;
+  op.plan = &plan;
+  op.input = seconds.data();
+  op.output = slowest.data();
+  op.tag = tagFor(op);
+  execute(&op, 1);
+
+  // The fastest, unless an earlier contender (the model's favourite first)
+  // is within 3%: a difference that small is noise.
+  size_t best = 0;
+  for (size_t i = 1; i < slowest.size(); ++i)
+    if (slowest[i] < slowest[best]) best = i;
+  for (size_t i = 0; i < best; ++i)
+    if (slowest[i] <= slowest[best] * 1.03) {
+      best = i;
+      break;
+    }
+  if (log::enabled(log::Level::Info, log::Subsys::Coll)) {
+    std::string times;
+    for (size_t i = 0; i < slowest.size(); ++i)
+      times += format("%s%s %.3g us", i ? ", " : "", algo::algorithmName(contenders[i]),
+                      slowest[i] * 1e6);
+    BRAID_INFO(Coll, "tuning %s of %zu bytes: %s: %s", algo::collectiveName(collective), whole,
+               times.c_str(), algo::algorithmName(contenders[best]));
+  }
+  return contenders[best];
+}
+
+}  // namespace braid

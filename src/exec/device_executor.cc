@@ -1,0 +1,489 @@
+#include "exec/device_executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/errors.h"
+#include "core/log.h"
+
+namespace braid::exec {
+namespace {
+
+using algo::StepKind;
+using device::FlagOp;
+
+bool receives(StepKind kind) {
+  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
+}
+
+bool sends(StepKind kind) {
+  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
+}
+
+std::byte* bufferOf(const DeviceLane& lane, algo::Buffer buffer) {
+  switch (buffer) {
+    case algo::Buffer::Input:
+      return const_cast<std::byte*>(lane.input);
+    case algo::Buffer::Output:
+      return lane.output;
+    case algo::Buffer::Scratch:
+      return lane.scratch;
+  }
+  return nullptr;
+}
+
+size_t scratchOf(const DeviceLane& lane) {
+  return (std::max(algo::kScratchBytes, lane.plan->scratchBytes) + 255) / 256 * 256;
+}
+
+uint32_t low(uint64_t counter) { return static_cast<uint32_t>(counter); }
+
+// How often the watchdog looks at a running op, and how long it sleeps
+// with nothing outstanding before it looks at the side channel anyway.
+constexpr auto kWatchTurn = std::chrono::microseconds(200);
+constexpr auto kIdleTurn = std::chrono::milliseconds(20);
+
+// For groups: a lane may use a connection direction once every earlier lane
+// is past its last step on it (the host executor's rule, decided here while
+// lowering instead of while running).
+class Turns {
+ public:
+  Turns(const DeviceLane* lanes, size_t count) : lanes_(lanes), last_(count) {
+    for (size_t i = 0; i < count; ++i) {
+      const auto& steps = lanes[i].plan->steps;
+      for (size_t s = 0; s < steps.size(); ++s) {
+        if (sends(steps[s].kind)) note(i, 2 * steps[s].sendPeer, s);
+        if (receives(steps[s].kind)) note(i, 2 * steps[s].recvPeer + 1, s);
+      }
+    }
+  }
+
+  bool mayRun(size_t lane, const algo::Step& step) const {
+    return (!sends(step.kind) || free(lane, 2 * step.sendPeer)) &&
+           (!receives(step.kind) || free(lane, 2 * step.recvPeer + 1));
+  }
+
+ private:
+  void note(size_t lane, int key, size_t step) {
+    for (auto& [k, s] : last_[lane])
+      if (k == key) {
+        s = step;
+        return;
+      }
+    last_[lane].push_back({key, step});
+  }
+  bool free(size_t lane, int key) const {
+    for (size_t other = 0; other < lane; ++other)
+      for (const auto& [k, s] : last_[other])
+        if (k == key && lanes_[other].step <= s) return false;
+    return true;
+  }
+
+  const DeviceLane* lanes_;
+  std::vector<std::vector<std::pair<int, size_t>>> last_;  // (direction, last step) per lane
+};
+
+}  // namespace
+
+DeviceExecutor::DeviceExecutor(device::Device& device,
+                               std::unique_ptr<transport::DeviceTransport> transport, int rank,
+                               int nranks, int deviceIndex, std::chrono::milliseconds timeout,
+                               const std::atomic<bool>& aborted, OnFailure onFailure)
+    : device_(device),
+      transport_(std::move(transport)),
+      rank_(rank),
+      nranks_(nranks),
+      deviceIndex_(deviceIndex),
+      timeout_(timeout),
+      aborted_(aborted),
+      onFailure_(std::move(onFailure)),
+      slotBytes_(transport_->slotBytes()),
+      slots_(static_cast<uint64_t>(transport_->slots())),
+      watchdog_([this] { watch(); }) {}
+
+DeviceExecutor::~DeviceExecutor() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Stuck ops fail at their deadline (the watchdog then releases them).
+  changed_.wait(lock, [&] { return ops_.empty(); });
+  if (!failure_) transport_->sayGoodbye();
+  stopping_ = true;
+  lock.unlock();
+  changed_.notify_all();
+  watchdog_.join();
+  for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
+  if (scratch_) device_.free(scratch_);
+}
+
+bool DeviceExecutor::reaches(int peer) const {
+  return peer >= 0 && peer < nranks_ && transport_->connection(peer) != nullptr;
+}
+
+device::EventHandle DeviceExecutor::takeEvent() {
+  if (freeEvents_.empty()) return device_.createEvent();
+  device::EventHandle event = freeEvents_.back();
+  freeEvents_.pop_back();
+  return event;
+}
+
+void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count,
+                                   std::unique_lock<std::mutex>& lock) {
+  size_t need = 0;
+  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
+  if (need > scratchBytes_) {
+    // Ops in flight may still use the old area: let them finish first.
+    changed_.wait(lock, [&] { return ops_.empty(); });
+    if (scratch_) device_.free(scratch_);
+    scratch_ = nullptr;
+    scratch_ = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
+    scratchBytes_ = need;
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    lanes[i].scratch = scratch_ + at;
+    at += scratchOf(lanes[i]);
+  }
+}
+
+void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::StreamHandle* streams,
+                             size_t streamCount, Done done) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) throw *failure_;
+  for (size_t i = 0; i < count; ++i)
+    for (const algo::Step& step : lanes[i].plan->steps) {
+      const int peer = sends(step.kind) ? step.sendPeer : receives(step.kind) ? step.recvPeer : -1;
+      const int other = sends(step.kind) && receives(step.kind) ? step.recvPeer : peer;
+      for (int p : {peer, other})
+        if (p >= 0 && !reaches(p))
+          fail(ErrorCode::InvalidUsage, rank_,
+               format("%s: device buffers reach only peers on this host (cuda_ipc), and rank %d "
+                      "is on another host",
+                      lanes[i].info.describe().c_str(), p));
+    }
+  ensureScratch(lanes, count, lock);
+
+  const device::StreamHandle stream = streams[0];
+  Op op;
+  op.info = lanes[0].info;
+  op.lanes = count;
+  // After the previous op, wherever it ran; and after the group's other
+  // streams reached this point.
+  if (!ops_.empty() && lastStream_ != stream) device_.streamWait(stream, ops_.back().end);
+  for (size_t s = 1; s < streamCount; ++s) {
+    if (streams[s] == stream) continue;
+    device::EventHandle join = takeEvent();
+    device_.record(join, streams[s]);
+    device_.streamWait(stream, join);
+    op.joins.push_back(join);
+  }
+  op.begin = takeEvent();
+  op.end = takeEvent();
+  device_.record(op.begin, stream);
+  lower(lanes, count, stream, &op.targets);
+  device_.record(op.end, stream);
+  for (size_t s = 1; s < streamCount; ++s)
+    if (streams[s] != stream) device_.streamWait(streams[s], op.end);
+  lastStream_ = stream;
+  op.done = std::move(done);
+  ops_.push_back(std::move(op));
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle stream,
+                           std::vector<Op::Target>* targets) {
+  pendingFlags_.clear();
+  if (count == 1) {
+    DeviceLane& lane = lanes[0];
+    while (lane.step < lane.plan->steps.size()) lowerPiece(lane, stream);
+  } else {
+    // In turns: one piece of every lane that may run, until all are done.
+    Turns turns(lanes, count);
+    for (bool left = true; left;) {
+      left = false;
+      for (size_t i = 0; i < count; ++i) {
+        DeviceLane& lane = lanes[i];
+        if (lane.step == lane.plan->steps.size()) continue;
+        left = true;
+        if (turns.mayRun(i, lane.plan->steps[lane.step])) lowerPiece(lane, stream);
+      }
+    }
+  }
+  flushFlags(stream);
+  // Where every connection the op used must get to.
+  for (size_t i = 0; i < count; ++i)
+    for (const algo::Step& step : lanes[i].plan->steps)
+      for (int peer :
+           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1}) {
+        if (peer < 0) continue;
+        const bool known = std::any_of(targets->begin(), targets->end(),
+                                       [&](const Op::Target& t) { return t.peer == peer; });
+        if (known) continue;
+        const transport::DeviceConnection* c = transport_->connection(peer);
+        targets->push_back({peer, c->recv.next, c->send.next});
+      }
+}
+
+void DeviceExecutor::flushFlags(device::StreamHandle stream) {
+  if (pendingFlags_.empty()) return;
+  device_.flagOps(stream, pendingFlags_.data(), pendingFlags_.size());
+  pendingFlags_.clear();
+}
+
+void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
+  const algo::Step& step = lane.plan->steps[lane.step];
+  const size_t elemSize = dataTypeSize(lane.type);
+  const size_t total = step.count * elemSize;
+  const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
+  const bool writesDst = step.kind != StepKind::Send && step.kind != StepKind::RecvReduceSend;
+  std::byte* src = readsSrc ? bufferOf(lane, step.src) + step.srcOffset * elemSize : nullptr;
+  std::byte* dst = writesDst ? bufferOf(lane, step.dst) + step.dstOffset * elemSize : nullptr;
+  const int divisor = step.finalize && lane.op == ReduceOp::Avg ? lane.nranks : 0;
+
+  auto reduceArgs = [&](void* out, const void* a, const void* b, size_t elems, int finalize) {
+    device::ReduceArgs args;
+    args.dst = out;
+    args.srcs[0] = a;
+    args.srcs[1] = b;
+    args.inputs = b ? 2 : 1;
+    args.count = elems;
+    args.type = lane.type;
+    args.op = lane.op;
+    args.finalizeDivisor = finalize;
+    return args;
+  };
+
+  if (step.kind == StepKind::Copy || step.kind == StepKind::Reduce) {
+    flushFlags(stream);
+    if (step.kind == StepKind::Reduce)
+      device_.reduce(stream, reduceArgs(dst, dst, src, step.count, divisor));
+    else if (divisor)
+      device_.reduce(stream, reduceArgs(dst, src, nullptr, step.count, divisor));
+    else if (src != dst)
+      device_.copy(stream, dst, src, total);
+    ++lane.step;
+    return;
+  }
+
+  transport::DeviceFifo* in =
+      receives(step.kind) ? &transport_->connection(step.recvPeer)->recv : nullptr;
+  transport::DeviceFifo* out =
+      sends(step.kind) ? &transport_->connection(step.sendPeer)->send : nullptr;
+  const size_t piece = std::min(slotBytes_, total - lane.done);
+  const size_t elems = piece / elemSize;
+  const std::byte* mine = readsSrc ? src + lane.done : nullptr;
+  std::byte* result = writesDst ? dst + lane.done : nullptr;
+  std::byte* inSlot = nullptr;
+  std::byte* outSlot = nullptr;
+  // The data has arrived; the peer's slot is free again.
+  if (in) {
+    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1)));
+    inSlot = in->slots + (in->next % slots_) * slotBytes_;
+  }
+  if (out) {
+    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
+    outSlot = out->slots + (out->next % slots_) * slotBytes_;
+  }
+  flushFlags(stream);
+  switch (step.kind) {
+    case StepKind::Send:
+      device_.copy(stream, outSlot, mine, piece);
+      break;
+    case StepKind::Recv:
+      device_.copy(stream, result, inSlot, piece);
+      break;
+    case StepKind::RecvReduceSend:  // fused: reduced straight into the peer's slot
+      device_.reduce(stream, reduceArgs(outSlot, inSlot, mine, elems, 0));
+      break;
+    case StepKind::RecvReduceCopy:
+      device_.reduce(stream, reduceArgs(result, inSlot, mine, elems, divisor));
+      break;
+    case StepKind::RecvReduceCopySend:
+      device_.reduce(stream, reduceArgs(result, inSlot, mine, elems, divisor));
+      device_.copy(stream, outSlot, result, piece);
+      break;
+    case StepKind::RecvCopySend:
+      device_.copy(stream, result, inSlot, piece);
+      device_.copy(stream, outSlot, inSlot, piece);
+      break;
+    case StepKind::Copy:
+    case StepKind::Reduce:
+      break;
+  }
+  // Tell the peer its slot is filled, and the sender its slot is free;
+  // flushed together with the next piece's waits.
+  if (out) pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
+  if (in) pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
+  lane.done += piece;
+  if (lane.done == total) {
+    lane.done = 0;
+    ++lane.step;
+  }
+}
+
+// ---- The watchdog.
+
+void DeviceExecutor::releaseWaits() {
+  // Every counter this rank's streams wait on, at the furthest value
+  // anything enqueued waits for.
+  for (int peer = 0; peer < nranks_; ++peer) {
+    transport::DeviceConnection* c = transport_->connection(peer);
+    if (!c) continue;
+    device_.writeFlagNow(c->recv.filled, low(c->recv.next));
+    device_.writeFlagNow(c->send.credit, low(c->send.next));
+  }
+}
+
+Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
+  const std::string op =
+      ops_.empty() ? std::string("device ops") : ops_.front().info.describe() + " on the device";
+  if (notice.failedRank >= 0 && notice.timedOut)
+    return Error(ErrorCode::Timeout,
+                 format("braid rank %d: %s: rank %d stopped answering: peer %d timed out waiting "
+                        "for it and gave up",
+                        rank_, op.c_str(), notice.failedRank, notice.peer));
+  if (notice.failedRank >= 0 && notice.failedRank != notice.peer)
+    return Error(ErrorCode::RemoteError,
+                 format("braid rank %d: %s: rank %d failed: peer %d gave up on it", rank_,
+                        op.c_str(), notice.failedRank, notice.peer));
+  return Error(ErrorCode::RemoteError,
+               format("braid rank %d: %s: peer %d closed its connection (the peer exited, failed "
+                      "or was aborted)",
+                      rank_, op.c_str(), notice.peer));
+}
+
+std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
+  const Clock::time_point now = Clock::now();
+  if (!head.startedAt) {
+    if (!device_.query(head.begin)) return std::nullopt;  // still behind earlier work
+    head.startedAt = now;
+  }
+  if (now - *head.startedAt < timeout_) return std::nullopt;
+  // Whom the stream waits for: the first peer whose data has not all come,
+  // else the first that has not taken all this rank sent.
+  int peer = -1;
+  std::string where = "waiting on the device";
+  for (int pass = 0; pass < 2 && peer < 0; ++pass)
+    for (const Op::Target& target : head.targets) {
+      const transport::DeviceConnection* c = transport_->connection(target.peer);
+      if (target.peer == rank_) continue;
+      if (pass == 0) {
+        const uint32_t filled = device_.readFlagNow(c->recv.filled);
+        const auto missing = static_cast<int32_t>(low(target.received) - filled);
+        if (missing > 0) {
+          peer = target.peer;
+          where =
+              format("waiting for data from rank %d (%d messages still to come)", peer, missing);
+          break;
+        }
+      } else {
+        const uint32_t credit = device_.readFlagNow(c->send.credit);
+        const auto unread = static_cast<int32_t>(low(target.sent) - credit);
+        if (unread > static_cast<int32_t>(slots_) - 1) {
+          peer = target.peer;
+          where = format("waiting for rank %d to take data", peer);
+          break;
+        }
+      }
+    }
+  int culprit = peer;
+  if (peer >= 0) {
+    const int further = transport_->peerWaitsFor(peer);
+    if (further >= 0 && further != rank_) culprit = further;
+  }
+  if (culprit != waitingFor_) {
+    transport_->announceWaitingFor(culprit);
+    waitingFor_ = culprit;
+  }
+  if (!head.graceUntil)
+    head.graceUntil = now + std::min<Clock::duration>(timeout_ / 4, std::chrono::seconds(1));
+  if (now < *head.graceUntil) return std::nullopt;
+  *blamed = culprit;
+  const auto ms = static_cast<long long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - *head.startedAt).count());
+  if (culprit != peer)
+    return Error(
+        ErrorCode::Timeout,
+        format("braid rank %d: %s timed out on the device after %lld ms: rank %d stopped "
+               "answering (this rank is %s, and rank %d waits, directly or through other "
+               "ranks, for rank %d)",
+               rank_, head.info.describe().c_str(), ms, culprit, where.c_str(), peer, culprit));
+  return Error(ErrorCode::Timeout, format("braid rank %d: %s timed out on the device after %lld "
+                                          "ms %s",
+                                          rank_, head.info.describe().c_str(), ms, where.c_str()));
+}
+
+void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
+  if (failure_) return;
+  failure_ = error;
+  BRAID_WARN(Exec, "%s", error.what());
+  // Peers hear it before this rank's streams move again (see watch()).
+  transport_->announceFailure(blamed, timedOut);
+  onFailure_(error);
+}
+
+void DeviceExecutor::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (ops_.empty()) {
+      if (stopping_) return;
+      changed_.wait_for(lock, kIdleTurn);
+      if (stopping_ && ops_.empty()) return;
+    }
+    // Which ops the stream has passed, before looking at the side channel:
+    // a peer that gives up says so before its streams write anything more,
+    // so an op seen finished here that used such writes is failed below.
+    size_t passed = 0;
+    while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
+    lock.unlock();
+    transport::PeerNotice notice;
+    const bool news = transport_->poll(&notice, std::chrono::milliseconds(0));
+    lock.lock();
+    if (news && notice.closed && !notice.goodbye) {
+      Error error = peerError(notice);
+      failAll(error, notice.failedRank >= 0 ? notice.failedRank : notice.peer, notice.timedOut);
+    }
+    if (!failure_ && aborted_.load(std::memory_order_relaxed))
+      failAll(Error(ErrorCode::Aborted,
+                    format("braid rank %d: %s: the communicator was aborted", rank_,
+                           ops_.empty() ? "device ops" : ops_.front().info.describe().c_str())),
+              -1, false);
+    if (!failure_ && passed < ops_.size()) {
+      int blamed = -1;
+      if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
+        failAll(*late, blamed, blamed >= 0);
+    }
+    if (failure_) {
+      // Every op fails, those the stream passed meanwhile too; the waits
+      // are released until the stream has passed them all.
+      releaseWaits();
+      passed = 0;
+      while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
+    }
+    std::exception_ptr error = failure_ ? std::make_exception_ptr(*failure_) : nullptr;
+    for (size_t i = 0; i < passed; ++i) {
+      Op op = std::move(ops_.front());
+      ops_.pop_front();
+      freeEvents_.push_back(op.begin);
+      freeEvents_.push_back(op.end);
+      for (device::EventHandle join : op.joins) freeEvents_.push_back(join);
+      lock.unlock();
+      op.done(error);
+      lock.lock();
+    }
+    if (passed > 0) {
+      changed_.notify_all();
+      if (waitingFor_ >= 0 && !failure_) {  // the late op finished after all
+        transport_->announceWaitingFor(-1);
+        waitingFor_ = -1;
+      }
+    }
+    if (!ops_.empty()) {
+      lock.unlock();
+      std::this_thread::sleep_for(kWatchTurn);
+      lock.lock();
+    }
+  }
+}
+
+}  // namespace braid::exec

@@ -1,0 +1,156 @@
+// The device executor: runs plans on device buffers by lowering every step
+// to stream-ordered operations on the caller's stream, NCCL's semantics:
+// the call returns once the plan is enqueued.
+//
+// A step is cut into pieces of one device slot, the same cut as the peer
+// makes, and each piece becomes: a batch of flag waits (the data has
+// arrived; the peer's slot is free), one kernel (a copy, or a reduction
+// written straight into the peer's slot, recvReduceSend fused), and a
+// batch of flag writes (filled at the peer; credit back to the sender),
+// merged with the next piece's waits. No kernel ever spins waiting for a
+// peer, so any number of ranks can share one GPU.
+//
+// Ops of one communicator run one after another on the device, whatever
+// streams they were issued on: an op issued on another stream than the
+// previous one first waits for it (an event). The lanes of a group are
+// lowered piece by piece in turns, each connection direction used by one
+// lane at a time in issue order, so grouped sends and receives to every
+// peer cannot deadlock.
+//
+// A watchdog thread completes each op's Work once the stream has passed it,
+// and fails ops: when a peer dies, aborts or says it gave up, when the
+// communicator is aborted, or when an op runs past the timeout after the
+// stream reached it. A failed op releases the waits its stream is blocked
+// on (it writes this rank's counters from the host, again until the stream
+// has passed every op), so no stream stays blocked; the failure is sticky.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "algorithms/plan.h"
+#include "braid/error.h"
+#include "device/device.h"
+#include "exec/cpu_executor.h"
+#include "transports/device_transport.h"
+
+namespace braid::exec {
+
+// One plan bound to device buffers (all on the communicator's device).
+struct DeviceLane {
+  const algo::Plan* plan = nullptr;
+  const std::byte* input = nullptr;
+  std::byte* output = nullptr;
+  DataType type = DataType::Uint8;
+  ReduceOp op = ReduceOp::Sum;
+  int nranks = 1;  // Avg's divisor
+  OpInfo info;
+
+  // Lowering progress, owned by the executor.
+  size_t step = 0;
+  size_t done = 0;  // bytes of the current step already lowered
+  std::byte* scratch = nullptr;
+};
+
+class DeviceExecutor {
+ public:
+  // Called once per op from the watchdog thread: null when it completed.
+  using Done = std::function<void(std::exception_ptr)>;
+  // Called once, from the thread that first saw it, with the sticky error.
+  using OnFailure = std::function<void(const Error&)>;
+
+  DeviceExecutor(device::Device& device, std::unique_ptr<transport::DeviceTransport> transport,
+                 int rank, int nranks, int deviceIndex, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& aborted, OnFailure onFailure);
+  // Waits until every op completed or failed (a stuck one fails at its
+  // deadline), tells the peers this rank leaves, and frees everything.
+  ~DeviceExecutor();
+
+  int device() const { return deviceIndex_; }
+  const transport::DeviceTransport& transport() const { return *transport_; }
+  // Whether device ops can reach `peer` (a same-host rank).
+  bool reaches(int peer) const;
+
+  // Lowers the lanes onto streams[0] (the other streams of a group join it
+  // before and wait for it after) and returns; `done` runs once the device
+  // passed them. Throws the sticky error when the executor failed earlier
+  // (nothing is enqueued then); InvalidUsage when a lane's plan names a
+  // peer on another host.
+  void enqueue(DeviceLane* lanes, size_t count, const device::StreamHandle* streams,
+               size_t streamCount, Done done);
+
+ private:
+  struct Op {
+    OpInfo info;
+    size_t lanes = 1;
+    device::EventHandle begin = nullptr;     // the stream reached the op
+    device::EventHandle end = nullptr;       // the stream passed it
+    std::vector<device::EventHandle> joins;  // other streams' events of a group
+    // Per peer the op talks to: the counters it must reach by its end.
+    struct Target {
+      int peer;
+      uint64_t received;
+      uint64_t sent;
+    };
+    std::vector<Target> targets;
+    Done done;
+    std::optional<Clock::time_point> startedAt;   // when the watchdog saw `begin` complete
+    std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
+  };
+
+  // ---- Lowering (issuing thread, mutex_ held).
+  void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream,
+             std::vector<Op::Target>* targets);
+  void lowerPiece(DeviceLane& lane, device::StreamHandle stream);
+  void flushFlags(device::StreamHandle stream);
+  void ensureScratch(DeviceLane* lanes, size_t count, std::unique_lock<std::mutex>& lock);
+  device::EventHandle takeEvent();
+
+  // ---- Watchdog (its own thread).
+  void watch();
+  // Fails every outstanding op with `error` (once), announcing it to the
+  // peers; `blamed` and `timedOut` say whom they should name.
+  void failAll(const Error& error, int blamed, bool timedOut);
+  void releaseWaits();
+  // The head op's Timeout, once it is past its deadline and a short grace
+  // in which this rank tells its peers whom it waits for and follows what
+  // they say (the rank it waits for may wait for another in turn); the
+  // rank to blame in *blamed.
+  std::optional<Error> checkDeadline(Op& head, int* blamed);
+  Error peerError(const transport::PeerNotice& notice) const;
+
+  device::Device& device_;
+  std::unique_ptr<transport::DeviceTransport> transport_;
+  const int rank_;
+  const int nranks_;
+  const int deviceIndex_;
+  const std::chrono::milliseconds timeout_;
+  const std::atomic<bool>& aborted_;
+  OnFailure onFailure_;
+  const size_t slotBytes_;
+  const uint64_t slots_;
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable changed_;
+  std::deque<Op> ops_;  // outstanding, in issue order
+  std::vector<device::EventHandle> freeEvents_;
+  std::vector<device::FlagOp> pendingFlags_;  // lowering: the batch being built
+  device::StreamHandle lastStream_ = nullptr;
+  std::byte* scratch_ = nullptr;  // device memory shared by ops (they never overlap)
+  size_t scratchBytes_ = 0;
+  std::optional<Error> failure_;  // sticky
+  int waitingFor_ = -1;           // what this rank last told its peers it waits for
+  bool stopping_ = false;
+  std::thread watchdog_;  // last: starts once the rest is built
+};
+
+}  // namespace braid::exec

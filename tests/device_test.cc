@@ -1,0 +1,687 @@
+// Device buffers: every collective and send/recv on device memory, NCCL's
+// stream semantics, bad arguments and faults. Each test runs once per
+// device: on the emulated device (host memory posing as a GPU) everywhere,
+// and on CUDA where a GPU is present; an instance whose device is missing
+// skips, saying why. Ranks are forked processes, several on one device.
+#include "device/device.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <regex>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "multirank.h"
+#include "reference.h"
+
+namespace braid::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+// Why `backend` cannot run here ("" when it can), asked in a child process:
+// the process that forks the ranks must not start CUDA itself.
+std::string unavailable(const std::string& backend) {
+  static std::map<std::string, std::string> known;
+  if (auto it = known.find(backend); it != known.end()) return it->second;
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    std::string why;
+    try {
+      device::select(backend);
+      why = device::unavailableReason();
+    } catch (const std::exception& error) {
+      why = error.what();
+    }
+    (void)!::write(fds[1], why.data(), why.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string why;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) why.append(buffer, n);
+  ::close(fds[0]);
+  ::waitpid(child, nullptr, 0);
+  return known[backend] = why;
+}
+
+// Device memory of the communicator's device, filled from and read back
+// into host vectors.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device, size_t bytes)
+      : device_(device::require("DeviceBuffer")),
+        bytes_(bytes),
+        data_(static_cast<std::byte*>(device_.allocate(device, std::max<size_t>(bytes, 1)))) {}
+  ~DeviceBuffer() { device_.free(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  std::byte* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* host) { device_.copyNow(data_, host, bytes_); }
+  void upload(const std::vector<std::byte>& host) { upload(host.data()); }
+  std::vector<std::byte> download() const {
+    std::vector<std::byte> host(bytes_);
+    device_.copyNow(host.data(), data_, bytes_);
+    return host;
+  }
+
+ private:
+  device::Device& device_;
+  size_t bytes_;
+  std::byte* data_;
+};
+
+// A stream of the device, destroyed at the end of the scope.
+class TestStream {
+ public:
+  explicit TestStream(int device)
+      : device_(device::require("TestStream")), handle_(device_.createStream(device)) {}
+  ~TestStream() { device_.destroyStream(handle_); }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  Stream stream() const { return Stream::cuda(handle_); }
+  device::StreamHandle handle() const { return handle_; }
+  void synchronize() { device_.synchronize(handle_); }
+
+ private:
+  device::Device& device_;
+  device::StreamHandle handle_;
+};
+
+// Holds a stream: everything queued on it after hold() waits until release().
+class StreamHold {
+ public:
+  explicit StreamHold(int device) : flag_(device, sizeof(uint32_t)) {
+    const uint32_t zero = 0;
+    flag_.upload(&zero);
+  }
+  void hold(TestStream& stream) {
+    const device::FlagOp wait = device::FlagOp::wait(flagWord(), 1);
+    device::current()->flagOps(stream.handle(), &wait, 1);
+  }
+  void release() { device::current()->writeFlagNow(flagWord(), 1); }
+
+ private:
+  uint32_t* flagWord() { return reinterpret_cast<uint32_t*>(flag_.data()); }
+  DeviceBuffer flag_;
+};
+
+int deviceOf(const Communicator&) { return device::current()->current(); }
+
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter };
+
+const char* collName(Coll c) {
+  static const char* const kNames[] = {"allReduce", "broadcast", "reduce", "allGather",
+                                       "reduceScatter"};
+  return kNames[static_cast<int>(c)];
+}
+
+bool reduces(Coll c) {
+  return c == Coll::AllReduce || c == Coll::Reduce || c == Coll::ReduceScatter;
+}
+
+const std::vector<DataType> kAllTypes = {
+    DataType::Int8,    DataType::Uint8,    DataType::Int32,      DataType::Uint32,
+    DataType::Int64,   DataType::Uint64,   DataType::Float16,    DataType::Float32,
+    DataType::Float64, DataType::BFloat16, DataType::Float8E4M3, DataType::Float8E5M2};
+const std::vector<ReduceOp> kAllOps = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min,
+                                       ReduceOp::Avg};
+const std::vector<DataType> kCommonTypes = {DataType::Int32, DataType::Float32, DataType::BFloat16,
+                                            DataType::Float8E5M2};
+const std::vector<ReduceOp> kCommonOps = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg};
+// Odd counts, one that spans several 64 KiB slots and pipeline chunks.
+const std::vector<size_t> kCounts = {0, 1, 7, 1023, (1 << 16) + 3};
+
+struct Case {
+  Coll coll;
+  DataType type;
+  ReduceOp op;
+  size_t count;  // per rank for all-gather and reduce-scatter
+  bool inPlace;
+  int root;
+};
+
+std::string label(const Case& c, int nranks) {
+  return std::string(collName(c.coll)) + " " + dataTypeName(c.type) + " " + reduceOpName(c.op) +
+         " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
+         " root " + std::to_string(c.root) + " at " + std::to_string(nranks) + " ranks: ";
+}
+
+// Runs one case on device buffers on this rank, then checks its result on
+// the host; "" when right.
+std::string runCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed) {
+  const int n = comm.size(), r = comm.rank(), dev = deviceOf(comm);
+  const size_t size = dataTypeSize(c.type);
+  const bool gathers = c.coll == Coll::AllGather, scatters = c.coll == Coll::ReduceScatter;
+  const size_t sendCount = scatters ? c.count * n : c.count;
+  const size_t recvCount = gathers ? c.count * n : c.count;
+  DeviceBuffer send(dev, sendCount * size), recv(dev, recvCount * size);
+  send.upload(poisoned(c.type, sendCount));
+  recv.upload(poisoned(c.type, recvCount));
+  std::vector<std::byte> input(sendCount * size);
+  fillInput(c.type, c.op, seed, r, 0, sendCount, input.data());
+  Work work;
+  switch (c.coll) {
+    case Coll::AllReduce:
+      send.upload(input);
+      work = comm.allReduce(send.data(), c.inPlace ? send.data() : recv.data(), c.count, c.type,
+                            c.op, stream.stream());
+      break;
+    case Coll::Broadcast:
+      if (r == c.root) (c.inPlace ? recv : send).upload(input);
+      work = comm.broadcast(c.inPlace ? recv.data() : (r == c.root ? send.data() : nullptr),
+                            recv.data(), c.count, c.type, c.root, stream.stream());
+      break;
+    case Coll::Reduce:
+      send.upload(input);
+      work = comm.reduce(send.data(), c.inPlace ? send.data() : recv.data(), c.count, c.type, c.op,
+                         c.root, stream.stream());
+      break;
+    case Coll::AllGather: {
+      std::byte* in = c.inPlace ? recv.data() + r * c.count * size : send.data();
+      device::current()->copyNow(in, input.data(), input.size());
+      work = comm.allGather(in, recv.data(), c.count, c.type, stream.stream());
+      break;
+    }
+    case Coll::ReduceScatter:
+      send.upload(input);
+      work = comm.reduceScatter(send.data(),
+                                c.inPlace ? send.data() + r * c.count * size : recv.data(), c.count,
+                                c.type, c.op, stream.stream());
+      break;
+  }
+  stream.synchronize();
+  work.wait();
+  if (!work.test()) return label(c, n) + "Work::test() is false after the stream finished";
+  const bool outInSend = c.inPlace && c.coll != Coll::Broadcast && c.coll != Coll::AllGather;
+  const std::vector<std::byte> out = (outInSend ? send : recv).download();
+  std::string problem;
+  switch (c.coll) {
+    case Coll::AllReduce:
+      problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out.data());
+      break;
+    case Coll::Broadcast:
+      problem = checkCopied(c.type, c.op, seed, c.root, 0, c.count, out.data());
+      break;
+    case Coll::Reduce:
+      if (r == c.root) problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out.data());
+      break;
+    case Coll::AllGather:
+      for (int b = 0; b < n && problem.empty(); ++b)
+        problem = checkCopied(c.type, c.op, seed, b, 0, c.count, out.data() + b * c.count * size);
+      break;
+    case Coll::ReduceScatter:
+      problem = checkReduced(c.type, c.op, seed, n, r * c.count, c.count,
+                             out.data() + (c.inPlace ? r * c.count * size : 0));
+      break;
+  }
+  return problem.empty() ? "" : label(c, n) + problem;
+}
+
+class DeviceTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string why = unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << "no " << GetParam() << " device here: " << why;
+    // Small slots, so that modest counts cross many slots and chunks.
+    ::setenv("BRAID_DEVICE_SLOT_BYTES", "64K", 1);
+  }
+  void TearDown() override { ::unsetenv("BRAID_DEVICE_SLOT_BYTES"); }
+
+  // Each rank selects this test's device before its communicator exists.
+  RunOptions options() const {
+    RunOptions options;
+    const std::string backend = GetParam();
+    options.enter = [backend](int) { device::select(backend); };
+    return options;
+  }
+
+  void sweep(int nranks, const std::vector<Coll>& colls, const std::vector<DataType>& types,
+             const std::vector<ReduceOp>& ops, const std::vector<size_t>& counts,
+             bool everyRoot = false) {
+    runRanks(
+        nranks,
+        [&](Communicator& comm) {
+          TestStream stream(deviceOf(comm));
+          uint64_t seed = 1;
+          std::vector<int> roots = {0};
+          if (everyRoot)
+            for (int r = 1; r < nranks; ++r) roots.push_back(r);
+          for (Coll coll : colls)
+            for (DataType type : types)
+              for (ReduceOp op : reduces(coll) ? ops : std::vector<ReduceOp>{ReduceOp::Sum})
+                for (size_t count : counts)
+                  for (int root : (coll == Coll::Broadcast || coll == Coll::Reduce)
+                                      ? roots
+                                      : std::vector<int>{0})
+                    for (bool inPlace : {false, true}) {
+                      const std::string problem =
+                          runCase(comm, stream, {coll, type, op, count, inPlace, root}, ++seed);
+                      require(problem.empty(), problem);
+                    }
+        },
+        options());
+  }
+};
+
+const std::vector<Coll> kAllColls = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce,
+                                     Coll::AllGather, Coll::ReduceScatter};
+
+// ---- Every collective against the reference.
+
+TEST_P(DeviceTest, EveryCollectiveTypeAndOpMatchesTheReferenceAt3Ranks) {
+  sweep(3, kAllColls, kAllTypes, kAllOps, kCounts, /*everyRoot=*/true);
+}
+
+TEST_P(DeviceTest, EveryCollectiveMatchesTheReferenceAt1And2And5Ranks) {
+  for (int nranks : {1, 2, 5}) sweep(nranks, kAllColls, kCommonTypes, kCommonOps, kCounts);
+}
+
+TEST_P(DeviceTest, LargeBuffersMatchTheReferenceAt2And3Ranks) {
+  for (int nranks : {2, 3})
+    sweep(nranks, kAllColls, {DataType::Float32, DataType::BFloat16}, {ReduceOp::Sum},
+          {(size_t{1} << 20) + 3});
+}
+
+TEST_P(DeviceTest, EveryAllReduceAlgorithmMatchesTheReferenceAt3And4Ranks) {
+  for (const char* algo : {"ring", "tree", "oneshot", "recdoubling", "rabenseifner"}) {
+    ::setenv("BRAID_ALGO", (std::string("allreduce:") + algo).c_str(), 1);
+    for (int nranks : {3, 4})
+      sweep(nranks, {Coll::AllReduce}, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum},
+            {1, 1023, std::string(algo) == "oneshot" ? 4096 : (1 << 16) + 3});
+  }
+  ::unsetenv("BRAID_ALGO");
+}
+
+// ---- Send and receive.
+
+TEST_P(DeviceTest, GroupedSendsAndReceivesToEveryPeerAt3Ranks) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank(), dev = deviceOf(comm);
+        TestStream stream(dev);
+        // From each rank to each rank (itself too), 2^17 + peer elements.
+        auto countFor = [](int from, int to) { return (size_t{1} << 17) + 31 * from + to; };
+        std::vector<std::unique_ptr<DeviceBuffer>> out, in;
+        comm.groupStart();
+        for (int peer = 0; peer < n; ++peer) {
+          std::vector<int32_t> values(countFor(r, peer));
+          for (size_t i = 0; i < values.size(); ++i)
+            values[i] = static_cast<int32_t>(r * 1000003 + peer * 7919 + i);
+          out.push_back(std::make_unique<DeviceBuffer>(dev, values.size() * 4));
+          out.back()->upload(values.data());
+          in.push_back(std::make_unique<DeviceBuffer>(dev, countFor(peer, r) * 4));
+          comm.send(out.back()->data(), values.size(), DataType::Int32, peer, stream.stream());
+          comm.recv(in.back()->data(), countFor(peer, r), DataType::Int32, peer, stream.stream());
+        }
+        comm.groupEnd();
+        stream.synchronize();
+        for (int peer = 0; peer < n; ++peer) {
+          const std::vector<std::byte> got = in[peer]->download();
+          const auto* values = reinterpret_cast<const int32_t*>(got.data());
+          for (size_t i = 0; i < countFor(peer, r); ++i)
+            require(values[i] == static_cast<int32_t>(peer * 1000003 + r * 7919 + i),
+                    format("element %zu from rank %d is %d", i, peer, values[i]));
+        }
+      },
+      options());
+}
+
+// ---- Stream semantics.
+
+// The call only enqueues: with the stream held, the op has not run; once
+// released, it completes and Work follows it.
+TEST_P(DeviceTest, TheCallReturnsBeforeTheOpRunsAndWorkFollowsTheStream) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        StreamHold hold(dev);
+        const size_t count = 4099;
+        std::vector<float> ones(count, 1.0f), zeros(count, 0.0f);
+        DeviceBuffer send(dev, count * 4), recv(dev, count * 4);
+        send.upload(ones.data());
+        recv.upload(zeros.data());
+        hold.hold(stream);
+        Work work = comm.allReduce(send.data(), recv.data(), count, DataType::Float32,
+                                   ReduceOp::Sum, stream.stream());
+        std::this_thread::sleep_for(milliseconds(100));
+        require(!work.test(), "the op completed while its stream was held");
+        const std::vector<std::byte> early = recv.download();
+        require(reinterpret_cast<const float*>(early.data())[0] == 0.0f,
+                "the output changed while the stream was held");
+        hold.release();
+        work.wait();
+        require(work.test(), "Work::test() is false after wait()");
+        const std::vector<std::byte> late = recv.download();
+        const auto* values = reinterpret_cast<const float*>(late.data());
+        for (size_t i = 0; i < count; ++i)
+          require(values[i] == 2.0f, format("element %zu is %g, not 2", i, values[i]));
+      },
+      options());
+}
+
+// Ops queued on one stream run in order, each after the stream's earlier
+// work: here a device copy fills the input of the first of a chain of
+// all-reduces, each of which reads the previous one's output.
+TEST_P(DeviceTest, OpsRunInStreamOrderAfterEarlierWorkOnTheStream) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        StreamHold hold(dev);
+        const size_t count = 70001;
+        std::vector<int32_t> start(count);
+        for (size_t i = 0; i < count; ++i) start[i] = static_cast<int32_t>(i % 97);
+        DeviceBuffer staged(dev, count * 4), a(dev, count * 4), b(dev, count * 4);
+        staged.upload(start.data());
+        hold.hold(stream);
+        device::current()->copy(stream.handle(), a.data(), staged.data(), count * 4);
+        constexpr int kChain = 5;
+        for (int k = 0; k < kChain; ++k) {
+          DeviceBuffer& from = k % 2 == 0 ? a : b;
+          DeviceBuffer& to = k % 2 == 0 ? b : a;
+          comm.allReduce(from.data(), to.data(), count, DataType::Int32, ReduceOp::Sum,
+                         stream.stream());
+        }
+        hold.release();
+        stream.synchronize();
+        const std::vector<std::byte> got = (kChain % 2 == 1 ? b : a).download();
+        const auto* values = reinterpret_cast<const int32_t*>(got.data());
+        int32_t factor = 1;
+        for (int k = 0; k < kChain; ++k) factor *= comm.size();
+        for (size_t i = 0; i < count; ++i)
+          require(values[i] == start[i] * factor,
+                  format("element %zu is %d, not %d", i, values[i], start[i] * factor));
+      },
+      options());
+}
+
+// Ops issued on different streams still run in issue order: the second
+// waits for the first, whose stream is held.
+TEST_P(DeviceTest, OpsOnDifferentStreamsRunInIssueOrder) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream first(dev), second(dev);
+        StreamHold hold(dev);
+        const size_t count = 1 << 16;
+        std::vector<float> ones(count, 1.0f);
+        DeviceBuffer x(dev, count * 4), y(dev, count * 4);
+        x.upload(ones.data());
+        y.upload(ones.data());
+        hold.hold(first);
+        Work one = comm.allReduce(x.data(), x.data(), count, DataType::Float32, ReduceOp::Sum,
+                                  first.stream());
+        Work two = comm.allReduce(y.data(), y.data(), count, DataType::Float32, ReduceOp::Sum,
+                                  second.stream());
+        std::this_thread::sleep_for(milliseconds(100));
+        require(!one.test() && !two.test(), "an op ran while the first stream was held");
+        hold.release();
+        two.wait();
+        one.wait();
+        for (DeviceBuffer* buffer : {&x, &y}) {
+          const std::vector<std::byte> got = buffer->download();
+          const auto* values = reinterpret_cast<const float*>(got.data());
+          require(values[0] == 2.0f && values[count - 1] == 2.0f, "wrong result");
+        }
+      },
+      options());
+}
+
+// ---- Bad arguments: InvalidArgument naming the argument; the
+// communicator stays usable.
+
+void requireInvalid(const std::function<void()>& call, const std::string& needle) {
+  try {
+    call();
+  } catch (const Error& error) {
+    require(error.code() == ErrorCode::InvalidArgument,
+            std::string("expected InvalidArgument: ") + error.what());
+    require(std::string(error.what()).find(needle) != std::string::npos,
+            "message '" + std::string(error.what()) + "' does not mention '" + needle + "'");
+    return;
+  }
+  throw RankFailure{"expected an error mentioning '" + needle + "', got none"};
+}
+
+TEST_P(DeviceTest, MixedOrForeignBuffersAndHostStreamsAreRejectedNamingTheArgument) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1024;
+        DeviceBuffer onDevice(dev, count * 4);
+        std::vector<float> onHost(count, 1.0f);
+        requireInvalid(
+            [&] {
+              comm.allReduce(onHost.data(), onDevice.data(), count, DataType::Float32,
+                             ReduceOp::Sum, stream.stream());
+            },
+            "argument 'send' is host memory and 'recv' device memory");
+        requireInvalid(
+            [&] {
+              comm.allReduce(onDevice.data(), onDevice.data(), count, DataType::Float32,
+                             ReduceOp::Sum);
+            },
+            "argument 'stream'");
+        if (device::current()->count() > 1) {
+          DeviceBuffer other(dev + 1, count * 4);
+          requireInvalid(
+              [&] {
+                comm.allReduce(other.data(), onDevice.data(), count, DataType::Float32,
+                               ReduceOp::Sum, stream.stream());
+              },
+              format("argument 'send' is memory of device %d", dev + 1));
+        }
+        // Still usable, on the device and on the host.
+        std::vector<float> ones(count, 1.0f);
+        onDevice.upload(ones.data());
+        comm.allReduce(onDevice.data(), onDevice.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream());
+        stream.synchronize();
+        const std::vector<std::byte> got = onDevice.download();
+        require(reinterpret_cast<const float*>(got.data())[count - 1] == 2.0f,
+                "the device all-reduce after the rejections is wrong");
+        comm.allReduce(onHost.data(), onHost.data(), count, DataType::Float32, ReduceOp::Sum);
+        require(onHost[0] == 2.0f, "the host all-reduce after the rejections is wrong");
+      },
+      options());
+}
+
+// ---- Faults.
+
+// kill -9 a rank at random moments of a loop of device all-reduces: every
+// survivor's op fails naming the dead rank within 2 s of the death, its
+// stream does not stay blocked, and later ops fail at once.
+TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStaysBlocked) {
+  constexpr int kRanks = 4;
+  struct Death {
+    std::atomic<int64_t> at;
+  };
+  SharedWithRanks<Death> death;
+  std::atomic<int64_t>* diedAt = &death->at;
+  auto nowNs = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               steady_clock::now().time_since_epoch())
+        .count();
+  };
+  std::mt19937 moments(20261201);
+  for (int moment = 0; moment < 8; ++moment) {
+    const int victim = static_cast<int>(moments() % kRanks);
+    const auto delay = std::chrono::microseconds(moments() % 40000);
+    diedAt->store(0);
+    RunOptions run = options();
+    run.killed = {victim};
+    run.deadline = std::chrono::seconds(30);
+    runRanks(
+        kRanks,
+        [&](Communicator& comm) {
+          const int dev = deviceOf(comm);
+          TestStream stream(dev);
+          const size_t count = 1 << 16;
+          std::vector<float> ones(count, 1.0f);
+          DeviceBuffer buffer(dev, count * 4);
+          buffer.upload(ones.data());
+          comm.barrier();
+          if (comm.rank() == victim)
+            std::thread([&] {
+              std::this_thread::sleep_for(delay);
+              diedAt->store(nowNs());
+              ::kill(::getpid(), SIGKILL);
+            }).detach();
+          try {
+            for (;;)
+              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Max,
+                             stream.stream())
+                  .wait();
+          } catch (const Error& error) {
+            const int64_t failedAt = nowNs(), died = diedAt->load();
+            const std::string what = error.what();
+            require(error.code() == ErrorCode::RemoteError, "expected RemoteError: " + what);
+            require(what.find(format("peer %d ", victim)) != std::string::npos ||
+                        what.find(format("rank %d failed", victim)) != std::string::npos,
+                    format("moment %d: the error does not name rank %d: ", moment, victim) + what);
+            require(died > 0 && failedAt - died < 2'000'000'000,
+                    format("moment %d: failed %.3f s after the death", moment,
+                           (failedAt - died) / 1e9));
+            const auto before = steady_clock::now();
+            stream.synchronize();
+            require(steady_clock::now() - before < std::chrono::seconds(2),
+                    "the stream stayed blocked after the op failed");
+            try {
+              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Max,
+                             stream.stream());
+              throw RankFailure{"an op after the failure was accepted"};
+            } catch (const Error& later) {
+              require(later.code() == ErrorCode::RemoteError,
+                      std::string("the next op failed otherwise: ") + later.what());
+            }
+          }
+        },
+        run);
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+// A rank that never issues the op: the others time out naming it (the
+// rank that waits for it only through another waiting rank too), and their
+// streams run on.
+TEST_P(DeviceTest, AMissingRankMakesTheOthersTimeOutNamingIt) {
+  constexpr int kRanks = 3, kLate = 2;
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  ::setenv("BRAID_ALGO", "allreduce:ring", 1);
+  RunOptions run = options();
+  run.deadline = std::chrono::seconds(30);
+  runRanks(
+      kRanks,
+      [&](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1 << 15;
+        DeviceBuffer buffer(dev, count * 4);
+        if (comm.rank() == kLate) {
+          std::this_thread::sleep_for(milliseconds(4000));
+          return;
+        }
+        const auto start = steady_clock::now();
+        try {
+          comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                         stream.stream())
+              .wait();
+          throw RankFailure{"the op completed without the late rank"};
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+          require(error.code() == ErrorCode::Timeout, "expected Timeout: " + what);
+          require(took < milliseconds(2500),
+                  format("failed after %lld ms", static_cast<long long>(took.count())));
+          const std::regex names(
+              format("rank %d stopped answering|from rank %d \\(", kLate, kLate));
+          require(std::regex_search(what, names), "the error does not name the late rank: " + what);
+        }
+        stream.synchronize();
+      },
+      run);
+  ::unsetenv("BRAID_TIMEOUT");
+  ::unsetenv("BRAID_ALGO");
+}
+
+// abort() from another thread fails an op that waits for a peer that is
+// not coming, and the stream runs on; the late peer then fails naming the
+// rank that gave up.
+TEST_P(DeviceTest, AbortFromAnotherThreadFailsAWaitingOpAndReleasesItsStream) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1 << 12;
+        DeviceBuffer buffer(dev, count * 4);
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(1500));
+          try {
+            for (int i = 0; i < 2; ++i)
+              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                             stream.stream())
+                  .wait();
+            throw RankFailure{"rank 1's ops completed after rank 0 aborted"};
+          } catch (const Error& error) {
+            require(error.code() == ErrorCode::RemoteError,
+                    std::string("expected RemoteError: ") + error.what());
+            require(std::string(error.what()).find("peer 0") != std::string::npos,
+                    std::string("the error does not name rank 0: ") + error.what());
+          }
+          stream.synchronize();
+          return;
+        }
+        Work work = comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32,
+                                   ReduceOp::Sum, stream.stream());
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(milliseconds(300));
+          comm.abort();
+        });
+        const auto start = steady_clock::now();
+        try {
+          work.wait();
+          throw RankFailure{"the op completed without its peer"};
+        } catch (const Error& error) {
+          require(error.code() == ErrorCode::Aborted,
+                  std::string("expected Aborted: ") + error.what());
+        }
+        aborter.join();
+        require(steady_clock::now() - start < std::chrono::seconds(1),
+                "the op failed more than a second after abort()");
+        stream.synchronize();
+      },
+      options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Device, DeviceTest, ::testing::Values("emulated", "cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+}  // namespace
+}  // namespace braid::testing

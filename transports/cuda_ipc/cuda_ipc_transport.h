@@ -1,0 +1,32 @@
+// The cuda_ipc transport: device-memory FIFOs between processes of one
+// host (transports/device_transport.h has the protocol).
+//
+// Each rank allocates, per same-host peer, one block of device memory on
+// its communicator's device: the FIFO it receives on from that peer (its
+// slots and `filled` counter) and the `credit` counter of its own sends to
+// that peer. The block is exported as a file descriptor (cuMem's POSIX
+// handle, or the emulated device's memfd), passed to the peer over a
+// Unix-domain socket authenticated with the job secret (SCM_RIGHTS), and
+// mapped there. Any number of ranks may share one GPU; ranks on different
+// GPUs need peer access between them. The sockets stay open as a side
+// channel: a peer that dies closes them, and a peer that gives up says
+// whom it blames on them first.
+#pragma once
+
+#include <memory>
+
+#include "bootstrap/bootstrap.h"
+#include "device/device.h"
+#include "transports/device_transport.h"
+
+namespace braid::transport::cuda_ipc {
+
+// Collective over the communicator. Connects this rank to every peer on
+// its host (and to itself); peers on other hosts get no connection.
+// Throws Error(SystemError) when device memory or sockets fail, and
+// Error(InvalidUsage) when two devices of the host have no peer access.
+std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
+                                        int deviceIndex, size_t slotBytes, int slots,
+                                        net::Deadline deadline);
+
+}  // namespace braid::transport::cuda_ipc

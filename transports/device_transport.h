@@ -1,0 +1,81 @@
+// Device connections: the FIFOs through which the device executor moves a
+// plan's pieces between device buffers, entirely in stream order.
+//
+// Each direction between two ranks is a FIFO of `slots` slots of
+// `slotBytes` in the receiver's device memory, plus two 32-bit counters:
+// `filled` (messages written, in the receiver's memory, written by the
+// sender's stream) and `credit` (messages released, in the sender's
+// memory, written by the receiver's stream). Message k lives in slot
+// k % slots. To send message k a stream waits for credit >= k + 1 - slots,
+// writes the slot (a copy or a reduction kernel straight into the peer's
+// memory) and writes filled = k + 1; to receive it a stream waits for
+// filled >= k + 1, reads the slot and writes credit = k + 1. Every wait is
+// on this rank's own memory; comparisons are cyclic, so counters wrap.
+//
+// The host keeps `next` per direction (messages enqueued so far): it is
+// what the executor lowers the next piece with, and what a failed op
+// writes into this rank's counters to release every wait it enqueued.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::transport {
+
+struct DeviceFifo {
+  std::byte* slots = nullptr;  // the receiver's slots (for a send: mapped from the peer)
+  uint32_t* filled = nullptr;  // in the receiver's memory
+  uint32_t* credit = nullptr;  // in the sender's memory
+  uint64_t next = 0;           // messages enqueued on this direction so far (host side)
+};
+
+struct DeviceConnection {
+  int peer = -1;
+  DeviceFifo send;  // this rank -> peer
+  DeviceFifo recv;  // peer -> this rank
+};
+
+// What a peer said (or did) on the transport's side channel.
+struct PeerNotice {
+  int peer = -1;
+  int waitsFor = -1;      // not closed: the peer said it is stuck waiting for this rank
+  bool closed = false;    // the peer left: it died, or destroyed its communicator
+  bool goodbye = false;   // ...after saying it leaves cleanly (its work all done)
+  int failedRank = -1;    // the rank the peer blamed when it gave up, or -1
+  bool timedOut = false;  // the peer gave up because failedRank stopped answering
+};
+
+// One per communicator that uses device memory. Used by the device
+// executor: set-up and lowering on the issuing thread, the side channel
+// by the executor's watchdog.
+class DeviceTransport {
+ public:
+  virtual ~DeviceTransport() = default;
+  virtual const char* name() const = 0;
+  virtual size_t slotBytes() const = 0;
+  virtual int slots() const = 0;
+  // The connection to `peer` (this rank included), or nullptr when the
+  // transport cannot reach it (another host).
+  virtual DeviceConnection* connection(int peer) = 0;
+  // How `peer`'s memory is reached from this rank: "same device", "peer
+  // access", ... (for braid-info).
+  virtual const char* path(int peer) const = 0;
+
+  // Waits up to `wait` for news from any peer; true with `notice` filled
+  // when a peer closed or gave up (each is reported once).
+  virtual bool poll(PeerNotice* notice, std::chrono::milliseconds wait) = 0;
+  // Tells every peer this rank gives up because `failedRank` failed (-1:
+  // another reason) or stopped answering (`timedOut`). Best effort.
+  virtual void announceFailure(int failedRank, bool timedOut) = 0;
+  // Tells every peer this rank leaves with all its device work done.
+  virtual void sayGoodbye() = 0;
+  // Tells every peer this rank's op is past its deadline waiting for
+  // `rank` (-1: no longer), so that a rank waiting for this one can follow
+  // the chain of waits to the rank that stopped answering.
+  virtual void announceWaitingFor(int rank) = 0;
+  // The rank `peer` last said it waits for, or -1.
+  virtual int peerWaitsFor(int peer) const = 0;
+};
+
+}  // namespace braid::transport
