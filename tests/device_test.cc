@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "device_support.h"
 #include "multirank.h"
 #include "reference.h"
 
@@ -29,98 +30,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
-
-// Why `backend` cannot run here ("" when it can), asked in a child process:
-// the process that forks the ranks must not start CUDA itself.
-std::string unavailable(const std::string& backend) {
-  static std::map<std::string, std::string> known;
-  if (auto it = known.find(backend); it != known.end()) return it->second;
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    std::string why;
-    try {
-      device::select(backend);
-      why = device::unavailableReason();
-    } catch (const std::exception& error) {
-      why = error.what();
-    }
-    (void)!::write(fds[1], why.data(), why.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string why;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) why.append(buffer, n);
-  ::close(fds[0]);
-  ::waitpid(child, nullptr, 0);
-  return known[backend] = why;
-}
-
-// Device memory of the communicator's device, filled from and read back
-// into host vectors.
-class DeviceBuffer {
- public:
-  DeviceBuffer(int device, size_t bytes)
-      : device_(device::require("DeviceBuffer")),
-        bytes_(bytes),
-        data_(static_cast<std::byte*>(device_.allocate(device, std::max<size_t>(bytes, 1)))) {}
-  ~DeviceBuffer() { device_.free(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  std::byte* data() { return data_; }
-  size_t bytes() const { return bytes_; }
-  void upload(const void* host) { device_.copyNow(data_, host, bytes_); }
-  void upload(const std::vector<std::byte>& host) { upload(host.data()); }
-  std::vector<std::byte> download() const {
-    std::vector<std::byte> host(bytes_);
-    device_.copyNow(host.data(), data_, bytes_);
-    return host;
-  }
-
- private:
-  device::Device& device_;
-  size_t bytes_;
-  std::byte* data_;
-};
-
-// A stream of the device, destroyed at the end of the scope.
-class TestStream {
- public:
-  explicit TestStream(int device)
-      : device_(device::require("TestStream")), handle_(device_.createStream(device)) {}
-  ~TestStream() { device_.destroyStream(handle_); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  Stream stream() const { return Stream::cuda(handle_); }
-  device::StreamHandle handle() const { return handle_; }
-  void synchronize() { device_.synchronize(handle_); }
-
- private:
-  device::Device& device_;
-  device::StreamHandle handle_;
-};
-
-// Holds a stream: everything queued on it after hold() waits until release().
-class StreamHold {
- public:
-  explicit StreamHold(int device) : flag_(device, sizeof(uint32_t)) {
-    const uint32_t zero = 0;
-    flag_.upload(&zero);
-  }
-  void hold(TestStream& stream) {
-    const device::FlagOp wait = device::FlagOp::wait(flagWord(), 1);
-    device::current()->flagOps(stream.handle(), &wait, 1);
-  }
-  void release() { device::current()->writeFlagNow(flagWord(), 1); }
-
- private:
-  uint32_t* flagWord() { return reinterpret_cast<uint32_t*>(flag_.data()); }
-  DeviceBuffer flag_;
-};
 
 int deviceOf(const Communicator&) { return device::current()->current(); }
 
@@ -673,6 +582,40 @@ TEST_P(DeviceTest, AbortFromAnotherThreadFailsAWaitingOpAndReleasesItsStream) {
         aborter.join();
         require(steady_clock::now() - start < std::chrono::seconds(1),
                 "the op failed more than a second after abort()");
+        stream.synchronize();
+      },
+      options());
+}
+
+// A peer that destroys its communicator while this rank's op still waits
+// for its data (it issued one op fewer): the op fails at once, not at the
+// timeout, naming the peer.
+TEST_P(DeviceTest, APeerThatLeavesWhileAnOpWaitsForItFailsTheOpAtOnce) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1 << 12;
+        DeviceBuffer buffer(dev, count * 4);
+        comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream());
+        stream.synchronize();
+        if (comm.rank() == 1) return;  // leaves: its communicator is destroyed
+        const auto start = steady_clock::now();
+        try {
+          comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                         stream.stream())
+              .wait();
+          throw RankFailure{"the op completed without its peer"};
+        } catch (const Error& error) {
+          require(error.code() == ErrorCode::RemoteError,
+                  std::string("expected RemoteError: ") + error.what());
+          require(std::string(error.what()).find("peer 1") != std::string::npos,
+                  std::string("the error does not name rank 1: ") + error.what());
+        }
+        require(steady_clock::now() - start < std::chrono::seconds(2),
+                "the op failed more than 2 s after its peer left");
         stream.synchronize();
       },
       options());

@@ -106,7 +106,11 @@ DeviceExecutor::~DeviceExecutor() {
   std::unique_lock<std::mutex> lock(mutex_);
   // Stuck ops fail at their deadline (the watchdog then releases them).
   changed_.wait(lock, [&] { return ops_.empty(); });
-  if (!failure_) transport_->sayGoodbye();
+  // An aborted communicator's peers must not wait for it: they fail.
+  if (failure_ || aborted_.load(std::memory_order_relaxed))
+    transport_->announceFailure(-1, false);
+  else
+    transport_->sayGoodbye();
   stopping_ = true;
   lock.unlock();
   changed_.notify_all();
@@ -413,6 +417,26 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
                                           rank_, head.info.describe().c_str(), ms, where.c_str()));
 }
 
+std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) {
+  for (int peer : departed_)
+    for (const Op::Target& target : head.targets) {
+      if (target.peer != peer) continue;
+      const transport::DeviceConnection* c = transport_->connection(peer);
+      const auto missing =
+          static_cast<int32_t>(low(target.received) - device_.readFlagNow(c->recv.filled));
+      const auto unread =
+          static_cast<int32_t>(low(target.sent) - device_.readFlagNow(c->send.credit));
+      if (missing <= 0 && unread <= static_cast<int32_t>(slots_) - 1) continue;
+      *blamed = peer;
+      return Error(ErrorCode::RemoteError,
+                   format("braid rank %d: %s on the device: peer %d destroyed its communicator "
+                          "while this op still waits for it (the ranks did not issue the same "
+                          "operations)",
+                          rank_, head.info.describe().c_str(), peer));
+    }
+  return std::nullopt;
+}
+
 void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
   if (failure_) return;
   failure_ = error;
@@ -443,6 +467,7 @@ void DeviceExecutor::watch() {
       Error error = peerError(notice);
       failAll(error, notice.failedRank >= 0 ? notice.failedRank : notice.peer, notice.timedOut);
     }
+    if (news && notice.closed && notice.goodbye) departed_.push_back(notice.peer);
     if (!failure_ && aborted_.load(std::memory_order_relaxed))
       failAll(Error(ErrorCode::Aborted,
                     format("braid rank %d: %s: the communicator was aborted", rank_,
@@ -452,6 +477,8 @@ void DeviceExecutor::watch() {
       int blamed = -1;
       if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
         failAll(*late, blamed, blamed >= 0);
+      else if (std::optional<Error> orphaned = checkDeparted(ops_[passed], &blamed))
+        failAll(*orphaned, blamed, false);
     }
     if (failure_) {
       // Every op fails, those the stream passed meanwhile too; the waits

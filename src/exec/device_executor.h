@@ -120,6 +120,9 @@ class DeviceExecutor {
   // Fails every outstanding op with `error` (once), announcing it to the
   // peers; `blamed` and `timedOut` say whom they should name.
   void failAll(const Error& error, int blamed, bool timedOut);
+  // RemoteError when the head op waits for a peer that left cleanly: all
+  // it will ever write has been written, so what is missing never comes.
+  std::optional<Error> checkDeparted(const Op& head, int* blamed);
   void releaseWaits();
   // The head op's Timeout, once it is past its deadline and a short grace
   // in which this rank tells its peers whom it waits for and follows what
@@ -149,6 +152,7 @@ class DeviceExecutor {
   size_t scratchBytes_ = 0;
   std::optional<Error> failure_;  // sticky
   int waitingFor_ = -1;           // what this rank last told its peers it waits for
+  std::vector<int> departed_;     // peers that said goodbye and left
   bool stopping_ = false;
   std::thread watchdog_;  // last: starts once the rest is built
 };
