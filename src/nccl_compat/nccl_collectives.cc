@@ -101,6 +101,11 @@ Reduction reductionOf(const ncclComm& comm, const ncclRedOp_t& op, ncclDataType_
 const void* reductionInput(const Reduction& reduction, const void* send, size_t count,
                            ncclDataType_t type, std::shared_ptr<std::vector<std::byte>>* scratch) {
   if (!reduction.scalar || count == 0 || !send) return send;
+  if (braid::device::Device* device = braid::device::current())
+    if (device->deviceOf(send) >= 0)
+      throw Error(ErrorCode::InvalidUsage,
+                  "ncclRedOpCreatePreMulSum operators on device buffers are not supported by "
+                  "braid yet (on host buffers they are)");
   const size_t bytes = count * braid::dataTypeSize(static_cast<DataType>(type));
   *scratch = std::make_shared<std::vector<std::byte>>(bytes);
   scale((*scratch)->data(), send, count, type, reduction.scalar);
@@ -110,7 +115,7 @@ const void* reductionInput(const Reduction& reduction, const void* send, size_t 
 // and Scatter. `sendTo(p)` and `recvFrom(p)` give each peer's piece (null:
 // none).
 ncclResult_t exchange(const char* fn, ncclComm_t comm, ncclDataType_t datatype, size_t count,
-                      const std::function<const void*(int)>& sendTo,
+                      cudaStream_t stream, const std::function<const void*(int)>& sendTo,
                       const std::function<void*(int)>& recvFrom) {
   return guarded(fn, [&] {
     InCall call(comm);
@@ -123,9 +128,9 @@ ncclResult_t exchange(const char* fn, ncclComm_t comm, ncclDataType_t datatype, 
     try {
       for (int p = 0; p < n; ++p) {
         if (const void* piece = sendTo(p))
-          works.push_back(c.comm.send(piece, count, type, p, streamFor(&c)));
+          works.push_back(c.comm.send(piece, count, type, p, streamFor(&c, stream, {piece})));
         if (void* piece = recvFrom(p))
-          works.push_back(c.comm.recv(piece, count, type, p, streamFor(&c)));
+          works.push_back(c.comm.recv(piece, count, type, p, streamFor(&c, stream, {piece})));
       }
     } catch (...) {
       if (ownGroup) c.comm.groupEnd();  // runs the pieces already issued: peers expect them
@@ -151,7 +156,8 @@ Pointer pieceOf(Pointer base, int index, size_t count, ncclDataType_t type) {
 // Gather (every rank's `count` elements to `root`, in rank order) or scatter
 // (the reverse) as one group of point-to-point pieces.
 ncclResult_t rooted(const char* fn, bool gathering, const void* sendbuff, void* recvbuff,
-                    size_t count, const ncclDataType_t& datatype, int root, ncclComm_t comm) {
+                    size_t count, const ncclDataType_t& datatype, int root, ncclComm_t comm,
+                    cudaStream_t stream) {
   if (!comm) return badArgument(fn, "argument 'comm' is NULL");
   return guarded(fn, [&] {
     InCall call(comm);
@@ -165,7 +171,7 @@ ncclResult_t rooted(const char* fn, bool gathering, const void* sendbuff, void* 
     if (!recvbuff && count > 0 && (!gathering || receivesAll))
       return badArgument(fn, "argument 'recvbuff' is NULL");
     return exchange(
-        fn, comm, datatype, count,
+        fn, comm, datatype, count, stream,
         [&](int p) -> const void* {
           if (gathering) return p == root ? sendbuff : nullptr;
           return sendsAll ? pieceOf(sendbuff, p, count, datatype) : nullptr;
@@ -232,7 +238,7 @@ NCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 
 NCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                        cudaStream_t) {
+                                        cudaStream_t stream) {
   const char* fn = "ncclAllReduce";
   return guarded(fn, [&] {
     InCall call(comm);
@@ -241,14 +247,15 @@ NCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, si
     const Reduction reduction = reductionOf(c, op, datatype, fn);
     std::shared_ptr<std::vector<std::byte>> scratch;
     const void* input = reductionInput(reduction, sendbuff, count, datatype, &scratch);
-    Work work = c.comm.allReduce(input, recvbuff, count, type, reduction.op, streamFor(&c));
+    Work work = c.comm.allReduce(input, recvbuff, count, type, reduction.op,
+                                 streamFor(&c, stream, {sendbuff, recvbuff}));
     return issued(c, std::move(work), std::move(scratch));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                     ncclComm_t comm, cudaStream_t) {
+                                     ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclReduce";
   return guarded(fn, [&] {
     InCall call(comm);
@@ -257,20 +264,22 @@ NCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_
     const Reduction reduction = reductionOf(c, op, datatype, fn);
     std::shared_ptr<std::vector<std::byte>> scratch;
     const void* input = reductionInput(reduction, sendbuff, count, datatype, &scratch);
-    Work work = c.comm.reduce(input, recvbuff, count, type, reduction.op, root, streamFor(&c));
+    Work work = c.comm.reduce(input, recvbuff, count, type, reduction.op, root,
+                              streamFor(&c, stream, {sendbuff, recvbuff}));
     return issued(c, std::move(work), std::move(scratch));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, int root, ncclComm_t comm,
-                                        cudaStream_t) {
+                                        cudaStream_t stream) {
   const char* fn = "ncclBroadcast";
   return guarded(fn, [&] {
     InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.broadcast(sendbuff, recvbuff, count, type, root, streamFor(&c)));
+    return issued(c, c.comm.broadcast(sendbuff, recvbuff, count, type, root,
+                                      streamFor(&c, stream, {recvbuff})));
   });
 }
 
@@ -281,7 +290,7 @@ NCCL_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t dat
 
 NCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                             ncclDataType_t datatype, ncclRedOp_t op,
-                                            ncclComm_t comm, cudaStream_t) {
+                                            ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclReduceScatter";
   return guarded(fn, [&] {
     InCall call(comm);
@@ -291,64 +300,69 @@ NCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff
     std::shared_ptr<std::vector<std::byte>> scratch;
     const size_t total = recvcount * static_cast<size_t>(c.comm.size());
     const void* input = reductionInput(reduction, sendbuff, total, datatype, &scratch);
-    Work work = c.comm.reduceScatter(input, recvbuff, recvcount, type, reduction.op, streamFor(&c));
+    Work work = c.comm.reduceScatter(input, recvbuff, recvcount, type, reduction.op,
+                                     streamFor(&c, stream, {sendbuff, recvbuff}));
     return issued(c, std::move(work), std::move(scratch));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                        ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                                        ncclDataType_t datatype, ncclComm_t comm,
+                                        cudaStream_t stream) {
   const char* fn = "ncclAllGather";
   return guarded(fn, [&] {
     InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.allGather(sendbuff, recvbuff, sendcount, type, streamFor(&c)));
+    return issued(c, c.comm.allGather(sendbuff, recvbuff, sendcount, type,
+                                      streamFor(&c, stream, {sendbuff, recvbuff})));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm, cudaStream_t) {
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclSend";
   return guarded(fn, [&] {
     InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.send(sendbuff, count, type, peer, streamFor(&c)));
+    return issued(c, c.comm.send(sendbuff, count, type, peer, streamFor(&c, stream, {sendbuff})));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                   ncclComm_t comm, cudaStream_t) {
+                                   ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclRecv";
   return guarded(fn, [&] {
     InCall call(comm);
     ncclComm& c = usable(comm, fn);
     const DataType type = typeOf(datatype, fn);
-    return issued(c, c.comm.recv(recvbuff, count, type, peer, streamFor(&c)));
+    return issued(c, c.comm.recv(recvbuff, count, type, peer, streamFor(&c, stream, {recvbuff})));
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                                       ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                                       ncclDataType_t datatype, ncclComm_t comm,
+                                       cudaStream_t stream) {
   const char* fn = "ncclAlltoAll";
   if (!sendbuff && count > 0) return badArgument(fn, "argument 'sendbuff' is NULL");
   if (!recvbuff && count > 0) return badArgument(fn, "argument 'recvbuff' is NULL");
   return exchange(
-      fn, comm, datatype, count, [&](int p) { return pieceOf(sendbuff, p, count, datatype); },
+      fn, comm, datatype, count, stream,
+      [&](int p) { return pieceOf(sendbuff, p, count, datatype); },
       [&](int p) { return pieceOf(recvbuff, p, count, datatype); });
 }
 
 NCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, int root, ncclComm_t comm,
-                                     cudaStream_t) {
-  return rooted("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm);
+                                     cudaStream_t stream) {
+  return rooted("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm, stream);
 }
 
 NCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                       ncclDataType_t datatype, int root, ncclComm_t comm,
-                                      cudaStream_t) {
-  return rooted("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm);
+                                      cudaStream_t stream) {
+  return rooted("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm, stream);
 }
 
 }  // extern "C"

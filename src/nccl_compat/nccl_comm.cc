@@ -87,7 +87,12 @@ ncclResult_t issued(ncclComm& comm, Work work, std::shared_ptr<std::vector<std::
           {std::move(work), std::move(scratch)});  // until ncclGroupEnd returns
     return ncclSuccess;
   }
-  if (comm.blocking) return ncclSuccess;
+  if (comm.blocking) {
+    // A device op runs on its stream after this returns: kept, so that
+    // ncclCommGetAsyncError reports its failure.
+    if (!work.test()) comm.keep({std::move(work), std::move(scratch)});
+    return ncclSuccess;
+  }
   comm.keep({std::move(work), std::move(scratch)});
   return ncclInProgress;
 }
@@ -234,7 +239,9 @@ ncclResult_t ncclComm::poll(std::string* message) {
     *message = asyncMessage;
     return asyncError;
   }
-  return outstanding.empty() ? ncclSuccess : ncclInProgress;
+  // (A blocking communicator's calls are done when they return; its device
+  // ops in flight are the stream's business.)
+  return outstanding.empty() || blocking ? ncclSuccess : ncclInProgress;
 }
 
 void ncclComm::drain() {
@@ -319,7 +326,11 @@ NCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int
     for (int i = 0; i < ndev; ++i) {
       made[i] = std::make_unique<ncclComm>();
       made[i]->device = devlist ? devlist[i] : i;
-      jobs.push_back([&, i] { made[i]->comm = Communicator::init(ndev, i, id); });
+      jobs.push_back([&, i] {
+        braid::Config config;
+        if (braid::device::current()) config.device = made[i]->device;
+        made[i]->comm = Communicator::init(ndev, i, id, config);
+      });
     }
     runTogether(jobs);
     for (int i = 0; i < ndev; ++i) comms[i] = made[i].release();
@@ -495,7 +506,8 @@ NCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
 NCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
   return guarded("ncclCommCuDevice", [&] {
     if (ncclResult_t bad = need(device, "ncclCommCuDevice", "device")) return bad;
-    *device = usable(comm, "ncclCommCuDevice", false).device;
+    ncclComm& c = usable(comm, "ncclCommCuDevice", false);
+    *device = c.device >= 0 ? c.device : c.comm.device();
     return ncclSuccess;
   });
 }
@@ -511,14 +523,25 @@ NCCL_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
 NCCL_EXPORT ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   return guarded("ncclMemAlloc", [&] {
     if (ncclResult_t bad = need(ptr, "ncclMemAlloc", "ptr")) return bad;
-    *ptr = braid::memAlloc(size);
+    // Device memory where the process has a device (cuMem, which peers on
+    // this host map); else host memory that they map (braid::memAlloc).
+    if (braid::device::Device* device = braid::device::current()) {
+      if (size == 0) return badArgument("ncclMemAlloc", "argument 'size' is 0");
+      *ptr = device->allocate(device->current(), size);
+    } else {
+      *ptr = braid::memAlloc(size);
+    }
     return ncclSuccess;
   });
 }
 
 NCCL_EXPORT ncclResult_t pncclMemFree(void* ptr) {
   return guarded("ncclMemFree", [&] {
-    braid::memFree(ptr);
+    braid::device::Device* device = braid::device::current();
+    if (ptr && device && device->deviceOf(ptr) >= 0)
+      device->free(ptr);
+    else
+      braid::memFree(ptr);
     return ncclSuccess;
   });
 }

@@ -19,6 +19,7 @@
 #include "braid/braid.h"
 #include "braid/nccl/nccl.h"
 #include "core/errors.h"
+#include "device/device.h"
 
 #define NCCL_EXPORT __attribute__((visibility("default")))
 // Makes ncclNAME a weak alias of pncclNAME, which must be defined in the same
@@ -173,7 +174,18 @@ struct Group {
 // This thread's open group (ncclGroupStart to the matching ncclGroupEnd).
 Group& openGroup();
 
-inline Stream streamFor(const ncclComm* comm) {
+// Where a call runs: on `stream` when its buffers are device memory (the
+// first non-null of `buffers` decides; the communicator rejects a mix),
+// else on the host, in this thread or, for a nonblocking communicator, on
+// the progress thread.
+inline Stream streamFor(const ncclComm* comm, cudaStream_t stream,
+                        std::initializer_list<const void*> buffers) {
+  if (braid::device::Device* device = braid::device::current())
+    for (const void* buffer : buffers)
+      if (buffer) {
+        if (device->deviceOf(buffer) >= 0) return Stream::cuda(static_cast<void*>(stream));
+        break;
+      }
   return comm->blocking ? Stream() : Stream::async();
 }
 

@@ -1,0 +1,187 @@
+// The NCCL drop-in with device buffers: ncclMemAlloc memory and a stream
+// in every collective, send/recv in a group, ncclCommCuDevice, and a peer's
+// failure reported by ncclCommGetAsyncError, on the emulated device (and
+// on CUDA where a GPU is present).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "braid/nccl/nccl.h"
+#include "core/errors.h"
+#include "device_support.h"
+#include "multirank.h"
+
+namespace braid::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+// NCCL's error, with ncclGetLastError's message, as a rank failure.
+void check(ncclResult_t result, const char* what) {
+  if (result != ncclSuccess)
+    throw RankFailure{
+        format("%s returned %d: %s", what, static_cast<int>(result), ncclGetLastError(nullptr))};
+}
+
+// ncclMemAlloc memory holding `values`, and back.
+template <typename T>
+T* deviceCopyOf(const std::vector<T>& values) {
+  void* memory = nullptr;
+  check(ncclMemAlloc(&memory, std::max<size_t>(values.size(), 1) * sizeof(T)), "ncclMemAlloc");
+  device::current()->copyNow(memory, values.data(), values.size() * sizeof(T));
+  return static_cast<T*>(memory);
+}
+template <typename T>
+std::vector<T> hostCopyOf(const T* memory, size_t count) {
+  std::vector<T> values(count);
+  device::current()->copyNow(values.data(), memory, count * sizeof(T));
+  return values;
+}
+
+class DeviceNccl : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string why = unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << "no " << GetParam() << " device here: " << why;
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  }
+  void TearDown() override { ::unsetenv("NCCL_SOCKET_IFNAME"); }
+  RunOptions options() const {
+    RunOptions options;
+    const std::string backend = GetParam();
+    options.enter = [backend](int) { device::select(backend); };
+    return options;
+  }
+};
+
+ncclComm_t initRank(int nranks, int rank, const UniqueId& id) {
+  ncclUniqueId ncclId;
+  std::memcpy(ncclId.internal, id.bytes.data(), sizeof(ncclId.internal));
+  ncclComm_t comm = nullptr;
+  check(ncclCommInitRank(&comm, nranks, ncclId, rank), "ncclCommInitRank");
+  return comm;
+}
+
+TEST_P(DeviceNccl, EveryCollectiveAndGroupedSendRecvOnDeviceBuffersAt3Ranks) {
+  constexpr int kRanks = 3;
+  runProcesses(
+      kRanks,
+      [](int rank, const UniqueId& id, const Config&) {
+        ncclComm_t comm = initRank(kRanks, rank, id);
+        int device = -1;
+        check(ncclCommCuDevice(comm, &device), "ncclCommCuDevice");
+        require(device == device::current()->current(),
+                format("ncclCommCuDevice says %d, the current device is %d", device,
+                       device::current()->current()));
+        TestStream stream(device);
+        auto cudaStream = static_cast<cudaStream_t>(stream.handle());
+        const size_t count = 100003;
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((rank + 1) * (i % 1000));
+        float* in = deviceCopyOf(mine);
+        require(device::current()->deviceOf(in) == device, "ncclMemAlloc gave host memory");
+        float* out = deviceCopyOf(std::vector<float>(count * kRanks, -1.0f));
+
+        check(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, cudaStream),
+              "ncclAllReduce");
+        stream.synchronize();
+        std::vector<float> got = hostCopyOf(out, count);
+        for (size_t i = 0; i < count; ++i)
+          require(got[i] == static_cast<float>(6 * (i % 1000)),
+                  format("allReduce element %zu is %g", i, got[i]));
+
+        check(ncclAllGather(in, out, count, ncclFloat32, comm, cudaStream), "ncclAllGather");
+        check(ncclBroadcast(in, in, count, ncclFloat32, 2, comm, cudaStream), "ncclBroadcast");
+        stream.synchronize();
+        got = hostCopyOf(out, count * kRanks);
+        for (int r = 0; r < kRanks; ++r)
+          for (size_t i = 0; i < count; i += 997)
+            require(got[r * count + i] == static_cast<float>((r + 1) * (i % 1000)),
+                    format("allGather element %zu of rank %d is %g", i, r, got[r * count + i]));
+        got = hostCopyOf(in, count);
+        require(got[count - 1] == static_cast<float>(3 * ((count - 1) % 1000)),
+                "broadcast from rank 2 is wrong");
+
+        // Grouped send/recv, every rank to every rank: (from, to, i) tagged.
+        std::vector<int32_t> tagged(count * kRanks);
+        for (int to = 0; to < kRanks; ++to)
+          for (size_t i = 0; i < count; ++i)
+            tagged[to * count + i] = static_cast<int32_t>(rank * 1000000 + to * 100000 + i % 1000);
+        int32_t* sends = deviceCopyOf(tagged);
+        int32_t* recvs = deviceCopyOf(std::vector<int32_t>(count * kRanks, -1));
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int peer = 0; peer < kRanks; ++peer) {
+          check(ncclSend(sends + peer * count, count, ncclInt32, peer, comm, cudaStream),
+                "ncclSend");
+          check(ncclRecv(recvs + peer * count, count, ncclInt32, peer, comm, cudaStream),
+                "ncclRecv");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        stream.synchronize();
+        const std::vector<int32_t> received = hostCopyOf(recvs, count * kRanks);
+        for (int from = 0; from < kRanks; ++from)
+          for (size_t i = 0; i < count; i += 991)
+            require(received[from * count + i] ==
+                        static_cast<int32_t>(from * 1000000 + rank * 100000 + i % 1000),
+                    format("element %zu from rank %d is %d", i, from, received[from * count + i]));
+
+        ncclResult_t state = ncclInternalError;
+        check(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+        require(state == ncclSuccess, format("async error %d after good ops", state));
+        for (void* memory : {static_cast<void*>(in), static_cast<void*>(out),
+                             static_cast<void*>(sends), static_cast<void*>(recvs)})
+          check(ncclMemFree(memory), "ncclMemFree");
+        check(ncclCommDestroy(comm), "ncclCommDestroy");
+      },
+      options());
+}
+
+// A peer that aborts while this rank's device op waits for it: the op
+// fails on the stream's behalf, ncclCommGetAsyncError says so (a remote
+// error), ncclCommAbort returns, and the stream runs on.
+TEST_P(DeviceNccl, APeersAbortIsReportedByGetAsyncErrorAndTheStreamRunsOn) {
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config&) {
+        ncclComm_t comm = initRank(2, rank, id);
+        int device = -1;
+        check(ncclCommCuDevice(comm, &device), "ncclCommCuDevice");
+        TestStream stream(device);
+        float* buffer = deviceCopyOf(std::vector<float>(4096, 1.0f));
+        if (rank == 1) {
+          std::this_thread::sleep_for(milliseconds(300));
+          check(ncclCommAbort(comm), "ncclCommAbort");
+        } else {
+          check(ncclAllReduce(buffer, buffer, 4096, ncclFloat32, ncclSum, comm,
+                              static_cast<cudaStream_t>(stream.handle())),
+                "ncclAllReduce");
+          ncclResult_t state = ncclSuccess;
+          const auto start = std::chrono::steady_clock::now();
+          while (state == ncclSuccess &&
+                 std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+            check(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+            std::this_thread::sleep_for(milliseconds(10));
+          }
+          require(state == ncclRemoteError,
+                  format("ncclCommGetAsyncError says %d, not ncclRemoteError", state));
+          require(std::string(ncclGetLastError(comm)).find("peer 1") != std::string::npos,
+                  std::string("the message does not name rank 1: ") + ncclGetLastError(comm));
+          stream.synchronize();
+          check(ncclCommAbort(comm), "ncclCommAbort");
+        }
+        check(ncclMemFree(buffer), "ncclMemFree");
+      },
+      options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Device, DeviceNccl, ::testing::Values("emulated", "cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+}  // namespace
+}  // namespace braid::testing
