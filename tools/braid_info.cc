@@ -28,6 +28,7 @@
 #include "braid/version.h"
 #include "core/introspect.h"
 #include "core/knobs.h"
+#include "device/device.h"
 #include "tuning/algo_choice.h"
 #include "tuning/cost_model.h"
 
@@ -117,11 +118,15 @@ std::vector<Interface> interfaces() {
 
 int printOverview() {
   std::printf("braid %s\n", BRAID_VERSION_STRING);
-  // What the build found. No device or RDMA code ships yet: host memory
-  // over tcp is what this build runs.
+  // What the build found, and the device this process would use.
   std::printf("found at build:   cuda toolkit %s, ucx %s, ibverbs %s\n", yesNo(BRAID_HAVE_CUDA),
               yesNo(BRAID_HAVE_UCX), yesNo(BRAID_HAVE_IBVERBS));
-  std::printf("memory:           host\n");
+  if (braid::device::Device* device = braid::device::current())
+    std::printf("memory:           host, device (%s, %d devices, current %d)\n", device->name(),
+                device->count(), device->current());
+  else
+    std::printf("memory:           host (no device: %s)\n",
+                braid::device::unavailableReason().c_str());
   std::printf("transports built: %s\n", join(braid::detail::builtTransports(), ", ").c_str());
   std::printf("host identity:    %s\n", braid::bootstrap::localHostId().c_str());
   std::vector<Interface> found = interfaces();
@@ -199,6 +204,12 @@ int printPeers() {
     return 1;
   }
   std::vector<std::string> matrix = gatherText(comm, row, kTransportWidth);
+  // Device paths: every rank has some, or none has (the communicator then
+  // has no device connections at all).
+  constexpr size_t kPathWidth = 32;
+  std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
+  if (paths.empty()) paths.assign(static_cast<size_t>(n), "");
+  std::vector<std::string> pathMatrix = gatherText(comm, paths, kPathWidth);
   std::vector<std::string> hosts = gatherText(comm, {braid::bootstrap::localHostId()}, kHostWidth);
   if (comm.rank() != 0) return 0;
 
@@ -217,6 +228,12 @@ int printPeers() {
       std::printf("  %*s", static_cast<int>(width), matrix[static_cast<size_t>(r) * n + c].c_str());
     std::printf("\n");
   }
+  if (pathMatrix[0].empty()) return 0;
+  std::printf("device buffers from rank (row) to rank (column):\n");
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < n; ++c)
+      std::printf("  %*d -> %-*d  %s\n", label, r, label, c,
+                  pathMatrix[static_cast<size_t>(r) * n + c].c_str());
   return 0;
 }
 

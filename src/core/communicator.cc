@@ -724,6 +724,21 @@ std::vector<std::string> peerTransports(const Communicator& comm) {
   return comm.impl()->wiring.names;
 }
 
+std::vector<std::string> peerDevicePaths(const Communicator& comm) {
+  const Communicator::Impl* impl = comm.impl();
+  if (!impl || !impl->device) return {};
+  std::vector<std::string> paths;
+  for (int peer = 0; peer < impl->nranks; ++peer) {
+    if (!impl->deviceExecutor) {
+      paths.push_back("none");
+      continue;
+    }
+    const transport::DeviceTransport& transport = impl->deviceExecutor->transport();
+    paths.push_back(format("%s: %s", transport.name(), transport.path(peer)));
+  }
+  return paths;
+}
+
 std::vector<std::string> builtTransports() { return transport::builtTransports(); }
 
 std::string lastAlgorithm(const Communicator& comm) {

@@ -14,6 +14,11 @@ namespace braid::detail {
 // for its own rank), e.g. {"self", "tcp", "tcp"}.
 std::vector<std::string> peerTransports(const Communicator& comm);
 
+// For each rank of `comm`, how device buffers reach it from this rank, e.g.
+// {"cuda_ipc: self", "cuda_ipc: same device", "cuda_ipc: peer access"}, or
+// why they cannot; empty when the communicator has no device.
+std::vector<std::string> peerDevicePaths(const Communicator& comm);
+
 // Transports compiled into this library, e.g. {"self", "tcp"}.
 std::vector<std::string> builtTransports();
 
