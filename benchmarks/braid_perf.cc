@@ -9,9 +9,16 @@
 // the collective's bus factor (see busBandwidthFactor). With -c 1 it then runs
 // each placement once more on check data and counts the wrong elements over
 // all ranks (see perf_check.h). Only rank 0 prints, except errors.
+//
+// With -G 1 the buffers are device memory of the communicator's device and
+// every call is enqueued on one device stream (Stream::cuda): the time is
+// the wall clock around `-n` enqueued calls and the stream synchronize after
+// them, and the check data is written into host mirrors of the buffers,
+// copied to the device, and copied back to be checked.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +38,7 @@
 #include "braid/types.h"
 #include "braid/version.h"
 #include "core/introspect.h"
+#include "device/device.h"
 
 namespace braid::perf {
 
@@ -62,6 +70,44 @@ class Buffer {
   unsigned char* data_;
 };
 
+// Device memory (-G 1), freed with the object. No enqueued call may still
+// use it then.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(device::Device& device, int index, size_t bytes)
+      : device_(device),
+        data_(static_cast<unsigned char*>(device.allocate(index, std::max<size_t>(bytes, 1)))) {}
+  ~DeviceBuffer() { device_.free(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  unsigned char* data() const { return data_; }
+
+ private:
+  device::Device& device_;
+  unsigned char* data_;
+};
+
+// What -G 1 runs on: the communicator's device (the thread's current one,
+// as it was at init) and the one stream every call is enqueued on.
+class DeviceContext {
+ public:
+  explicit DeviceContext(device::Device& device)
+      : device_(device), index_(device.current()), stream_(device.createStream(index_)) {}
+  ~DeviceContext() { device_.destroyStream(stream_); }
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  device::Device& device() const { return device_; }
+  int index() const { return index_; }
+  device::StreamHandle stream() const { return stream_; }
+  void synchronize() const { device_.synchronize(stream_); }
+
+ private:
+  device::Device& device_;
+  int index_;
+  device::StreamHandle stream_;
+};
+
 struct Measurement {
   double timeUs = 0;
   double algbw = 0;  // GB/s, 1e9 bytes per second
@@ -90,12 +136,20 @@ struct Result {
 
 class Runner {
  public:
-  Runner(Communicator& comm, const Options& options, Collective collective)
+  // `device` null: host buffers and host-synchronous calls (-G 0).
+  Runner(Communicator& comm, const Options& options, Collective collective,
+         const DeviceContext* device)
       : comm_(comm),
         options_(options),
         collective_(collective),
         rank_(comm.rank()),
-        nranks_(comm.size()) {}
+        nranks_(comm.size()),
+        device_(device) {}
+  // Lets the device buffers go only once nothing enqueued uses them (after
+  // an error, calls may still be queued).
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
 
   // Measures every size and prints the table (rank 0).
   Result run();
@@ -105,9 +159,22 @@ class Runner {
     void* send;
     void* recv;
   };
+  // Bytes from the start of the send and the receive allocation that a call
+  // reads or writes.
+  struct Extents {
+    size_t send = 0;
+    size_t recv = 0;
+  };
 
-  Placement placement(DataType type, size_t count, bool inPlace) const;
-  void issue(DataType type, ReduceOp op, size_t count, const Placement& p);
+  Placement placement(unsigned char* send, unsigned char* recv, DataType type, size_t count,
+                      bool inPlace) const;
+  Extents extents(const Placement& host, DataType type, size_t count) const;
+  // Writes the check case's inputs and poison (into the host mirrors, then
+  // onto the device, with -G 1).
+  void prepare(const CheckCase& check, const Extents& used);
+  // Issues one call: host-synchronous (finished on return), or enqueued on
+  // the device stream. Returns its Work (sendrecv: the receive's).
+  Work issue(DataType type, ReduceOp op, size_t count, const Placement& p);
   Measurement measure(DataType type, ReduceOp op, size_t count, bool inPlace);
   double aggregateTime(double us);
   uint64_t sumOverRanks(uint64_t value);
@@ -121,12 +188,24 @@ class Runner {
   Collective collective_;
   int rank_;
   int nranks_;
+  const DeviceContext* device_;
+  // The calls' buffers (-G 0), or the host mirrors of the device ones.
   std::unique_ptr<Buffer> send_, recv_;
+  size_t sendBytes_ = 0, recvBytes_ = 0;                   // their sizes
+  std::unique_ptr<DeviceBuffer> deviceSend_, deviceRecv_;  // -G 1
 };
 
-Runner::Placement Runner::placement(DataType type, size_t count, bool inPlace) const {
-  unsigned char* send = send_->data();
-  unsigned char* recv = recv_->data();
+Runner::~Runner() {
+  if (!device_) return;
+  try {
+    device_->synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "braid-perf: rank %d: %s\n", rank_, e.what());
+  }
+}
+
+Runner::Placement Runner::placement(unsigned char* send, unsigned char* recv, DataType type,
+                                    size_t count, bool inPlace) const {
   if (!inPlace) return {send, recv};
   // NCCL's in-place conventions: this rank's slice of the big buffer.
   size_t offset = static_cast<size_t>(rank_) * count * dataTypeSize(type);
@@ -140,35 +219,66 @@ Runner::Placement Runner::placement(DataType type, size_t count, bool inPlace) c
   }
 }
 
-void Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p) {
+Runner::Extents Runner::extents(const Placement& host, DataType type, size_t count) const {
+  size_t element = dataTypeSize(type);
+  size_t all = count * static_cast<size_t>(nranks_);
+  Extents used;
+  // In place, a pointer may lie inside the other allocation: find its own.
+  auto cover = [&](const void* pointer, size_t bytes) {
+    auto at = reinterpret_cast<uintptr_t>(pointer);
+    auto recv = reinterpret_cast<uintptr_t>(recv_->data());
+    if (at >= recv && at < recv + recvBytes_) {
+      used.recv = std::max<size_t>(used.recv, at - recv + bytes);
+    } else {
+      used.send =
+          std::max<size_t>(used.send, at - reinterpret_cast<uintptr_t>(send_->data()) + bytes);
+    }
+  };
+  cover(host.send, (collective_ == Collective::ReduceScatter ? all : count) * element);
+  cover(host.recv, (collective_ == Collective::AllGather ? all : count) * element);
+  return used;
+}
+
+void Runner::prepare(const CheckCase& check, const Extents& used) {
+  prepareCheck(check);
+  if (!device_) return;
+  device::Device& device = device_->device();
+  if (used.send) device.copyNow(deviceSend_->data(), send_->data(), used.send);
+  if (used.recv) device.copyNow(deviceRecv_->data(), recv_->data(), used.recv);
+}
+
+Work Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p) {
   int root = options_.root;
+  // Host calls finish before the next is issued; device calls only enqueue.
+  Stream stream = device_ ? Stream::cuda(device_->stream()) : Stream();
+  auto finished = [&](Work work) {
+    if (!device_) work.wait();
+    return work;
+  };
   switch (collective_) {
     case Collective::AllReduce:
-      comm_.allReduce(p.send, p.recv, count, type, op).wait();
-      break;
+      return finished(comm_.allReduce(p.send, p.recv, count, type, op, stream));
     case Collective::AllGather:
-      comm_.allGather(p.send, p.recv, count, type).wait();
-      break;
+      return finished(comm_.allGather(p.send, p.recv, count, type, stream));
     case Collective::ReduceScatter:
-      comm_.reduceScatter(p.send, p.recv, count, type, op).wait();
-      break;
+      return finished(comm_.reduceScatter(p.send, p.recv, count, type, op, stream));
     case Collective::Broadcast:
-      comm_.broadcast(p.send, p.recv, count, type, root).wait();
-      break;
+      return finished(comm_.broadcast(p.send, p.recv, count, type, root, stream));
     case Collective::Reduce:
-      comm_.reduce(p.send, p.recv, count, type, op, root).wait();
-      break;
+      return finished(comm_.reduce(p.send, p.recv, count, type, op, root, stream));
     case Collective::SendRecv: {
       // A ring shift: to the next rank, from the previous one.
       comm_.groupStart();
-      Work sent = comm_.send(p.send, count, type, (rank_ + 1) % nranks_);
-      Work received = comm_.recv(p.recv, count, type, (rank_ - 1 + nranks_) % nranks_);
+      Work sent = comm_.send(p.send, count, type, (rank_ + 1) % nranks_, stream);
+      Work received = comm_.recv(p.recv, count, type, (rank_ - 1 + nranks_) % nranks_, stream);
       comm_.groupEnd();
-      sent.wait();
-      received.wait();
-      break;
+      // (On the device a failed send fails the communicator, and so the
+      // receive after it.)
+      finished(sent);
+      return finished(received);
     }
   }
+  return Work();
 }
 
 double Runner::aggregateTime(double us) {
@@ -198,16 +308,27 @@ uint64_t Runner::sumOverRanks(uint64_t value) {
 }
 
 Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPlace) {
-  Placement p = placement(type, count, inPlace);
+  // The calls' buffers, and their host side (the same ones with -G 0).
+  Placement host = placement(send_->data(), recv_->data(), type, count, inPlace);
+  Placement p =
+      device_ ? placement(deviceSend_->data(), deviceRecv_->data(), type, count, inPlace) : host;
+  Extents used = extents(host, type, count);
   CheckCase check{collective_, type,    op,      options_.root, count,
-                  rank_,       nranks_, inPlace, p.send,        p.recv};
-  prepareCheck(check);  // the timed calls run on ordinary numbers too
+                  rank_,       nranks_, inPlace, host.send,     host.recv};
+  prepare(check, used);  // the timed calls run on ordinary numbers too
 
-  for (int i = 0; i < options_.warmup; ++i) issue(type, op, count, p);
+  Work last;
+  for (int i = 0; i < options_.warmup; ++i) last = issue(type, op, count, p);
+  if (device_) {
+    device_->synchronize();
+    last.wait();  // rethrows a failed call's error
+  }
   comm_.barrier().wait();
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < options_.iters; ++i) issue(type, op, count, p);
+  for (int i = 0; i < options_.iters; ++i) last = issue(type, op, count, p);
+  if (device_) device_->synchronize();
   std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+  if (device_) last.wait();
 
   Measurement m;
   m.algorithm = detail::lastAlgorithm(comm_);
@@ -216,8 +337,15 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
   m.busbw = m.algbw * busBandwidthFactor(collective_, nranks_);
   if (options_.check) {
-    prepareCheck(check);
-    issue(type, op, count, p);
+    prepare(check, used);
+    last = issue(type, op, count, p);
+    if (device_) {
+      device_->synchronize();
+      last.wait();
+      device::Device& device = device_->device();
+      if (used.send) device.copyNow(send_->data(), deviceSend_->data(), used.send);
+      if (used.recv) device.copyNow(recv_->data(), deviceRecv_->data(), used.recv);
+    }
     m.checked = true;
     m.wrong = sumOverRanks(countWrong(check));
   }
@@ -242,8 +370,13 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
     std::printf("# sizes %zu to %zu bytes, step factor %zu", sizes.front(), sizes.back(),
                 options_.stepFactor);
   }
+  std::string buffers = options_.registered ? "braid::memAlloc" : "malloc";
+  if (device_) {
+    buffers = std::string("device memory of ") + device_->device().name() + " device " +
+              std::to_string(device_->index()) + ", calls on one device stream";
+  }
   std::printf("; time per call: %s; buffers: %s\n#\n", averageName(options_.average),
-              options_.registered ? "braid::memAlloc" : "malloc");
+              buffers.c_str());
 
   // The placement titles, centred over their four columns.
   std::string titles(116, ' ');
@@ -282,10 +415,13 @@ std::string Runner::json(const std::vector<Row>& rows, uint64_t wrong, double av
     std::snprintf(buffer, sizeof(buffer), fmt, args...);
     out += buffer;
   };
+  std::string device = device_ ? std::string("\"") + device_->device().name() + "\"" : "null";
   add("{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
-      "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"results\": [",
+      "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"memory\": \"%s\",\n"
+      "  \"device\": %s,\n  \"results\": [",
       collectiveName(collective_), nranks_, options_.iters, options_.warmup,
-      options_.check ? "true" : "false", averageName(options_.average));
+      options_.check ? "true" : "false", averageName(options_.average), device_ ? "device" : "host",
+      device.c_str());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     add("%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
@@ -320,6 +456,12 @@ Result Runner::run() {
   }
   send_ = std::make_unique<Buffer>(sendBytes, options_.registered);
   recv_ = std::make_unique<Buffer>(recvBytes, options_.registered);
+  sendBytes_ = sendBytes;
+  recvBytes_ = recvBytes;
+  if (device_) {
+    deviceSend_ = std::make_unique<DeviceBuffer>(device_->device(), device_->index(), sendBytes);
+    deviceRecv_ = std::make_unique<DeviceBuffer>(device_->device(), device_->index(), recvBytes);
+  }
 
   if (rank_ == 0) printHeader(sizes);
   std::vector<ReduceOp> ops = reduces(c) ? options_.ops : std::vector<ReduceOp>{ReduceOp::Sum};
@@ -362,12 +504,31 @@ Result Runner::run() {
 // Runs every collective asked for, prints nccl-tests' closing summary and
 // writes the JSON file; returns the exit code.
 int runAll(Communicator& comm, const Options& options) {
+  std::unique_ptr<DeviceContext> device;
+  if (options.onDevice) {
+    device::Device* found = nullptr;
+    std::string why;
+    try {
+      found = &device::require("braid-perf -G 1");
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    // Every rank stops if any lacks the device; the first of those says why.
+    int32_t lacking = found ? comm.size() : comm.rank(), first = 0;
+    comm.allReduce(&lacking, &first, 1, DataType::Int32, ReduceOp::Min).wait();
+    if (first < comm.size()) {
+      if (comm.rank() == first) std::fprintf(stderr, "%s\n", why.c_str());
+      return 2;
+    }
+    device = std::make_unique<DeviceContext>(*found);
+  }
+
   uint64_t wrong = 0;
   double busbwSum = 0;
   size_t measurements = 0;
   std::vector<std::string> objects;
   for (Collective collective : options.collectives) {
-    Result result = Runner(comm, options, collective).run();
+    Result result = Runner(comm, options, collective, device.get()).run();
     wrong += result.wrong;
     busbwSum += result.busbwSum;
     measurements += result.measurements;

@@ -31,6 +31,10 @@ constexpr const char* kUsage =
     "                           ranks (default 3; nccl-tests calls this -a)\n"
     "  -R, --local_register 0|1 1: buffers from braid::memAlloc, which same-host peers\n"
     "                           read in place (default 0: ordinary memory)\n"
+    "  -G, --device 0|1         1: buffers in device memory of the communicator's device\n"
+    "                           (BRAID_DEVICE picks it), every call enqueued on one device\n"
+    "                           stream; the time covers the calls and a stream synchronize\n"
+    "                           (default 0: host memory, host-synchronous calls)\n"
     "  -J, --output_file FILE   also write the results as JSON\n"
     "  -h, --help               print this help\n"
     "Sizes take K, M and G suffixes (powers of 1024). For allgather and reducescatter\n"
@@ -47,8 +51,8 @@ constexpr Flag kFlags[] = {
     {'i', "stepbytes", true},      {'n', "iters", true},    {'w', "warmup_iters", true},
     {'c', "check", true},          {'d', "datatype", true}, {'o', "op", true},
     {'r', "root", true},           {'A', "average", true},  {'J', "output_file", true},
-    {'R', "local_register", true}, {'a', "all", false},     {'z', "blocking", false},
-    {'h', "help", false},
+    {'R', "local_register", true}, {'G', "device", true},   {'a', "all", false},
+    {'z', "blocking", false},      {'h', "help", false},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -218,7 +222,8 @@ bool parseOptions(int argc, char** argv, Options* options) {
         return false;
       case 'z':
         throw UsageError(option +
-                         " (blocking) is not supported: braid-perf's calls are host-synchronous");
+                         " (blocking) is not supported: braid-perf waits for every host call, "
+                         "and with -G 1 synchronizes the stream after the timed calls");
       case 'b':
         options->minBytes = bytesValue(option, value);
         break;
@@ -260,6 +265,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
       case 'R':
         options->registered = intValue(option, value, 0, 1) == 1;
         break;
+      case 'G':
+        options->onDevice = intValue(option, value, 0, 1) == 1;
+        break;
       case 'J':
         if (value.empty()) throw UsageError(option + " needs a file name");
         options->jsonPath = value;
@@ -276,6 +284,8 @@ bool parseOptions(int argc, char** argv, Options* options) {
   if (options->minBytes > options->maxBytes)
     throw UsageError("-b (" + std::to_string(options->minBytes) + ") is larger than -e (" +
                      std::to_string(options->maxBytes) + ")");
+  if (options->onDevice && options->registered)
+    throw UsageError("-G 1 and -R 1 exclude each other: -R registers host memory");
   if (haveFactor && options->stepBytes > 0)
     throw UsageError("-f and -i exclude each other: step by a factor or by bytes");
   return true;

@@ -46,6 +46,7 @@ struct Options {
   int root = 0;                                       // -r
   Average average = Average::Max;                     // -A
   bool registered = false;                            // -R: buffers from braid::memAlloc
+  bool onDevice = false;                              // -G: device buffers, device stream
   std::string jsonPath;                               // -J: also write the results here
 };
 

@@ -36,6 +36,14 @@ check "braid-perf -a runs every collective at 4 ranks" 0 "$bin/braid-run" -n 4 "
 check "braid-perf rejects an unknown collective" 2 "$bin/braid-perf" alltoallv
 check "braid-perf -R 1 (memAlloc buffers) at 3 ranks" 0 \
   "$bin/braid-run" -n 3 "$bin/braid-perf" allgather -b 1K -e 4M -f 16 -n 2 -w 1 -R 1
+# -G 1: device buffers (the emulated device) and a device stream; 8 B to 256 KiB
+# is 6 rows, each with #wrong 0 in place and out of place.
+check "braid-perf -G 1 on the emulated device at 2 ranks: 6 rows, 0 wrong" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-run' -n 2 '$bin/braid-perf' allreduce -G 1 \
+   -b 8 -e 1M -f 8 -n 5 -w 2 | awk '!/^#/ { rows++; if (\$9 != 0 || \$13 != 0) bad++ }
+   END { exit !(rows == 6 && bad == 0) }'"
+check "braid-perf -G 1 with no device exits 2" 2 \
+  env BRAID_DEVICE=none "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -G 1 -b 8 -e 8
 for c in allreduce broadcast reduce allgather reducescatter; do
   check "braid-sim $c at 100 ranks, every algorithm, checked" 0 \
     "$bin/braid-sim" "$c" --ranks 100 -b 8 -e 1M -f 64 --check

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh: the one script for a machine with a GPU (written for an
+# H200, sm_90). Run it from the repository root, with no arguments; it takes
+# a few minutes (well under 5 on 16 cores):
+#
+#   1. configures build-gpu/ afresh (Release, BRAID_CUDA=ON, tests on) and
+#      builds only what it runs;
+#   2. device_test's CUDA instances (--gtest_filter='*/cuda'), which must all
+#      run and pass: an instance that skips (no GPU or driver) fails the
+#      script. Those tests already put several ranks on the one GPU (their
+#      sweeps run 1, 2, 3, 4 and 5 ranks, plus the fault tests), so nothing
+#      here repeats that;
+#   3. braid-perf all-reduce on device buffers (-G 1), bfloat16 at 2 and 4
+#      ranks and float at 2, 8 B to 256 MiB (every #wrong must be 0), and
+#      bfloat16 at 256 MiB alone (-f 4 from 8 B stops at 128 MiB);
+#   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
+#      2-input Sum reduce for float32, bfloat16 and float16;
+#   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
+#      <= 15 us; 256 MiB bfloat16 busbw at 2 ranks >= 0.6 * copy_bw *
+#      (n-1)/n^2; the reduce kernels' bandwidth >= 0.9 of the copy kernel's.
+#      copy_bw is the copy kernel's bytes read + written per second (2 x size
+#      per copy), and a reduce's bandwidth counts 3 x size, as the benchmark
+#      reports them.
+#
+# Everything is also written under $OUT if it is set, else build-gpu/gpu-check/
+# (gpu_check.log, one log per step, the braid-perf JSON, the kernel CSV).
+# Exit status: 0 when every step passed and every target was met, 3 when the
+# steps passed but a target was missed, 1 when a step failed.
+set -euo pipefail
+
+if [ $# -ne 0 ]; then
+  echo "usage: tools/gpu_check.sh   (no arguments; run it on a machine with a GPU)" >&2
+  exit 2
+fi
+cd "$(dirname "$0")/.."
+build="build-gpu"
+bin=$build/bin
+
+rm -rf "$build"
+logs=${OUT:-$build/gpu-check}
+mkdir -p "$logs"
+
+fail() {
+  echo "gpu_check: FAILED: $*"
+  echo "gpu_check: logs in $logs"
+  exit 1
+}
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output
+# shown and kept in $logs/NAME.log; stops the script when it fails.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo
+  echo "== $name: $*"
+  local start=$SECONDS status
+  set +e
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  echo "== $name: exit $status after $((SECONDS - start)) s"
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    fail "$name timed out after $limit s"
+  elif [ "$status" -ne 0 ]; then
+    fail "$name exited with status $status"
+  fi
+}
+
+# perf NAME RANKS ARGS...: braid-perf all-reduce on device buffers under braid-run.
+perf() {
+  local name=$1 ranks=$2
+  shift 2
+  step "$name" 240 "$bin/braid-run" -n "$ranks" "$bin/braid-perf" allreduce -G 1 "$@" \
+    -J "$logs/$name.json"
+}
+
+# A braid-perf row's column (6: out-of-place time, 8: its busbw, 12: the
+# in-place busbw) at a size in bytes.
+perfValue() {  # perfValue LOG SIZE COLUMN
+  awk -v size="$2" -v col="$3" '!/^#/ && $1 == size { print $col; exit }' "$logs/$1.log"
+}
+# A kernel benchmark's bytes (read + written) per second, in GB/s.
+kernel() {  # kernel NAME
+  awk -F, -v name="\"$1/real_time\"" '$1 == name { printf "%.1f", $6 / 1e9; exit }' \
+    "$logs/kernels.csv"
+}
+
+main() {
+  echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) cores"
+  echo "gpu_check: source $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')"
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || true
+  else
+    echo "gpu_check: nvidia-smi not found"
+  fi
+
+  generator=()
+  if command -v ninja > /dev/null; then generator=(-G Ninja); fi
+  step configure 180 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DBRAID_CUDA=ON -DBRAID_BUILD_TESTS=ON -DBRAID_BUILD_BENCHMARKS=ON
+  if grep -q "Google Benchmark not found" "$logs/configure.log"; then
+    fail "Google Benchmark is not installed (libbenchmark-dev): braid-bench-device-kernels cannot be built"
+  fi
+  step build 300 cmake --build "$build" -j "$(nproc)" \
+    --target device_test braid-run braid-perf braid-bench-device-kernels
+
+  # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
+  # with status 0, so the output decides.
+  step cuda-tests 240 "$bin/device_test" --gtest_filter='*/cuda'
+  if grep -q '^\[  SKIPPED \]' "$logs/cuda-tests.log"; then
+    reason=$(grep -m1 -o 'no cuda device here: .*' "$logs/cuda-tests.log" || true)
+    fail "the CUDA device tests were skipped, so there is no usable GPU here: ${reason:-see the log}"
+  fi
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$logs/cuda-tests.log" | tail -1)
+  if [ -z "$passed" ] || [ "$passed" -eq 0 ]; then
+    fail "no CUDA device test ran (did the filter '*/cuda' match nothing?)"
+  fi
+
+  export BRAID_DEVICE=cuda  # never fall back to host memory silently
+  perf perf-n2-bfloat16 2 -d bfloat16 -b 8 -e 256M -f 4
+  perf perf-n2-float 2 -d float -b 8 -e 256M -f 4
+  perf perf-n4-bfloat16 4 -d bfloat16 -b 8 -e 256M -f 4
+  perf perf-n2-bfloat16-256M 2 -d bfloat16 -b 256M -e 256M -n 40 -w 10
+
+  step kernels 240 "$bin/braid-bench-device-kernels" --min_bytes=1G --max_bytes=1G \
+    --benchmark_min_time=0.5 --benchmark_out="$logs/kernels.csv" --benchmark_out_format=csv
+  if grep -q ',true,' "$logs/kernels.csv"; then
+    fail "a kernel benchmark could not run: $(grep -m1 ',true,' "$logs/kernels.csv")"
+  fi
+
+  # ---- Summary.
+  time8=$(perfValue perf-n2-bfloat16 8 6)
+  busbw=$(perfValue perf-n2-bfloat16-256M 268435456 8)
+  busbwInPlace=$(perfValue perf-n2-bfloat16-256M 268435456 12)
+  copy=$(kernel copy/1GiB)
+  fp32=$(kernel reduce2/float32/sum/1GiB)
+  bf16=$(kernel reduce2/bfloat16/sum/1GiB)
+  fp16=$(kernel reduce2/float16/sum/1GiB)
+  for value in time8 busbw busbwInPlace copy fp32 bf16 fp16; do
+    [ -n "${!value}" ] || fail "the summary could not find '$value' in the logs"
+  done
+
+  awk -v time8="$time8" -v busbw="$busbw" -v busbwInPlace="$busbwInPlace" -v copy="$copy" \
+    -v fp32="$fp32" -v bf16="$bf16" -v fp16="$fp16" -v missedFile="$logs/missed" '
+    function row(what, value, target, met) {
+      printf "%-52s %12s  %-28s %s\n", what, value, target, met == "" ? "" : (met ? "met" : "MISSED")
+      if (met == 0 && met != "") missed++
+    }
+    BEGIN {
+      n = 2
+      bound = 0.6 * copy * (n - 1) / (n * n)
+      print ""
+      print "gpu_check summary"
+      printf "%-52s %12s  %-28s %s\n", "measure", "value", "target", ""
+      row("8 B bfloat16 all-reduce time, 2 ranks (us)", time8, "<= 15", time8 <= 15)
+      row("256 MiB bfloat16 all-reduce busbw, 2 ranks (GB/s)", busbw,
+          sprintf(">= 0.6*copy*(n-1)/n^2 = %.1f", bound), busbw >= bound)
+      row("  the same, in place (GB/s)", busbwInPlace, "", "")
+      row("copy kernel, 1 GiB, read + written (GB/s)", copy, "", "")
+      row("float32 sum reduce / copy bandwidth, 1 GiB", sprintf("%.3f", fp32 / copy), ">= 0.9",
+          fp32 / copy >= 0.9)
+      row("bfloat16 sum reduce / copy bandwidth, 1 GiB", sprintf("%.3f", bf16 / copy), ">= 0.9",
+          bf16 / copy >= 0.9)
+      row("float16 sum reduce / copy bandwidth, 1 GiB", sprintf("%.3f", fp16 / copy), "", "")
+      print missed + 0 > missedFile
+    }'
+  missed=$(cat "$logs/missed")
+  rm -f "$logs/missed"
+  echo
+  if [ "$missed" -ne 0 ]; then
+    echo "gpu_check: every step passed; $missed target(s) missed. Logs in $logs"
+    exit 3
+  fi
+  echo "gpu_check: every step passed and every target was met. Logs in $logs"
+}
+
+# Everything the steps print also goes to gpu_check.log; the exit status is
+# main's (pipefail).
+main 2>&1 | tee "$logs/gpu_check.log"
