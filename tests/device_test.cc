@@ -253,6 +253,77 @@ TEST_P(DeviceTest, GroupedSendsAndReceivesToEveryPeerAt3Ranks) {
       options());
 }
 
+// Groups whose ranks receive before they send (to a peer, around a ring,
+// and from themselves): the host executor runs them, so must the device.
+TEST_P(DeviceTest, GroupsThatReceiveBeforeTheySendDoNotDeadlock) {
+  for (int nranks : {1, 2, 3})
+    runRanks(
+        nranks,
+        [](Communicator& comm) {
+          const int n = comm.size(), r = comm.rank(), dev = deviceOf(comm);
+          TestStream stream(dev);
+          const size_t count = (size_t{1} << 18) + 5;  // many slots: beyond one FIFO
+          std::vector<int32_t> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(r * 1000003 + i);
+          DeviceBuffer out(dev, count * 4), fromPrev(dev, count * 4), fromSelf(dev, count * 4);
+          out.upload(mine.data());
+          const int next = (r + 1) % n, prev = (r + n - 1) % n;
+          comm.groupStart();
+          comm.recv(fromPrev.data(), count, DataType::Int32, prev, stream.stream());
+          comm.recv(fromSelf.data(), count, DataType::Int32, r, stream.stream());
+          comm.send(out.data(), count, DataType::Int32, next, stream.stream());
+          comm.send(out.data(), count, DataType::Int32, r, stream.stream());
+          comm.groupEnd();
+          stream.synchronize();
+          for (auto [buffer, from] : {std::pair{&fromPrev, prev}, std::pair{&fromSelf, r}}) {
+            const std::vector<std::byte> got = buffer->download();
+            const auto* values = reinterpret_cast<const int32_t*>(got.data());
+            for (size_t i = 0; i < count; i += 4099)
+              require(values[i] == static_cast<int32_t>(from * 1000003 + i),
+                      format("element %zu from rank %d is %d", i, from, values[i]));
+          }
+        },
+        options());
+}
+
+// A group that holds a collective and sends, issued in different orders on
+// different ranks (NCCL allows it): both come out right.
+TEST_P(DeviceTest, AGroupOfACollectiveAndSendsMayBeIssuedInAnyOrder) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int r = comm.rank(), dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 70001;
+        std::vector<int32_t> values(count, r + 1);
+        DeviceBuffer reduced(dev, count * 4), p2p(dev, count * 4);
+        reduced.upload(values.data());
+        std::vector<int32_t> tagged(count, 100 + r);
+        p2p.upload(tagged.data());
+        comm.groupStart();
+        if (r == 0) {
+          comm.send(p2p.data(), count, DataType::Int32, 1, stream.stream());
+          comm.allReduce(reduced.data(), reduced.data(), count, DataType::Int32, ReduceOp::Sum,
+                         stream.stream());
+        } else {
+          comm.allReduce(reduced.data(), reduced.data(), count, DataType::Int32, ReduceOp::Sum,
+                         stream.stream());
+          comm.recv(p2p.data(), count, DataType::Int32, 0, stream.stream());
+        }
+        comm.groupEnd();
+        stream.synchronize();
+        const std::vector<std::byte> sum = reduced.download(), got = p2p.download();
+        const auto* sums = reinterpret_cast<const int32_t*>(sum.data());
+        const auto* received = reinterpret_cast<const int32_t*>(got.data());
+        for (size_t i = 0; i < count; i += 997) {
+          require(sums[i] == 3, format("all-reduce element %zu is %d, not 3", i, sums[i]));
+          require(received[i] == 100,
+                  format("element %zu is %d, not rank 0's 100", i, received[i]));
+        }
+      },
+      options());
+}
+
 // ---- Stream semantics.
 
 // The call only enqueues: with the stream held, the op has not run; once
@@ -449,10 +520,9 @@ TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStays
         [&](Communicator& comm) {
           const int dev = deviceOf(comm);
           TestStream stream(dev);
-          const size_t count = 1 << 16;
-          std::vector<float> ones(count, 1.0f);
-          DeviceBuffer buffer(dev, count * 4);
-          buffer.upload(ones.data());
+          const size_t count = 1 << 15;
+          std::vector<float> values(count);
+          DeviceBuffer in(dev, count * 4), out(dev, count * 4);
           comm.barrier();
           if (comm.rank() == victim)
             std::thread([&] {
@@ -460,11 +530,23 @@ TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStays
               diedAt->store(nowNs());
               ::kill(::getpid(), SIGKILL);
             }).detach();
+          // Every op that reports success must have the right result: a
+          // failing peer's released stream must not pass off stale data.
           try {
-            for (;;)
-              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Max,
+            for (int i = 0;; ++i) {
+              std::fill(values.begin(), values.end(), static_cast<float>(8 * i + comm.rank()));
+              in.upload(values.data());
+              comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum,
                              stream.stream())
                   .wait();
+              const std::vector<std::byte> got = out.download();
+              const auto* sums = reinterpret_cast<const float*>(got.data());
+              const float expected = static_cast<float>(8 * i * kRanks + kRanks * (kRanks - 1) / 2);
+              for (size_t j = 0; j < count; j += 1021)
+                require(sums[j] == expected,
+                        format("moment %d, op %d succeeded with element %zu = %g, not %g", moment,
+                               i, j, sums[j], expected));
+            }
           } catch (const Error& error) {
             const int64_t failedAt = nowNs(), died = diedAt->load();
             const std::string what = error.what();
@@ -480,7 +562,7 @@ TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStays
             require(steady_clock::now() - before < std::chrono::seconds(2),
                     "the stream stayed blocked after the op failed");
             try {
-              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Max,
+              comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum,
                              stream.stream());
               throw RankFailure{"an op after the failure was accepted"};
             } catch (const Error& later) {

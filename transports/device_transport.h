@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace braid::transport {
 
@@ -40,10 +41,11 @@ struct DeviceConnection {
 struct PeerNotice {
   int peer = -1;
   int waitsFor = -1;      // not closed: the peer said it is stuck waiting for this rank
-  bool closed = false;    // the peer left: it died, or destroyed its communicator
-  bool goodbye = false;   // ...after saying it leaves cleanly (its work all done)
-  int failedRank = -1;    // the rank the peer blamed when it gave up, or -1
-  bool timedOut = false;  // the peer gave up because failedRank stopped answering
+  bool closed = false;    // the peer left: it exited, died, gave up or destroyed its communicator
+  bool goodbye = false;   // ...after saying it leaves with all its device work done
+  bool gaveUp = false;    // ...after saying it gave up (failed or aborted)
+  int failedRank = -1;    // the rank it blamed when it gave up, or -1
+  bool timedOut = false;  // it gave up because failedRank stopped answering
 };
 
 // One per communicator that uses device memory. Used by the device
@@ -62,9 +64,10 @@ class DeviceTransport {
   // access", ... (for braid-info).
   virtual const char* path(int peer) const = 0;
 
-  // Waits up to `wait` for news from any peer; true with `notice` filled
-  // when a peer closed or gave up (each is reported once).
-  virtual bool poll(PeerNotice* notice, std::chrono::milliseconds wait) = 0;
+  // Appends every notice that arrived since the last call, without
+  // waiting: peers that closed or gave up (each reported once) and what
+  // peers said they wait for.
+  virtual void poll(std::vector<PeerNotice>* notices) = 0;
   // Tells every peer this rank gives up because `failedRank` failed (-1:
   // another reason) or stopped answering (`timedOut`). Best effort.
   virtual void announceFailure(int failedRank, bool timedOut) = 0;

@@ -59,6 +59,7 @@ int usableCores() {
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
     uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, tuning, deterministic;
+    uint64_t deviceSlotBytes, deviceSlots;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -70,6 +71,8 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.oneShotBytes = knobs.oneShotBytes;
   mine.tuning = static_cast<uint64_t>(knobs.tuning);
   mine.deterministic = knobs.deterministic ? 1 : 0;
+  mine.deviceSlotBytes = knobs.deviceSlotBytes;
+  mine.deviceSlots = static_cast<uint64_t>(knobs.deviceSlots);
   // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
   const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
   mine.algo = 0xcbf29ce484222325ull;
@@ -90,6 +93,12 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.chunkBytes != mine.chunkBytes)
       differ("BRAID_CHUNK_BYTES (Config::chunkBytes)", std::to_string(mine.chunkBytes),
              std::to_string(theirs.chunkBytes));
+    if (theirs.deviceSlotBytes != mine.deviceSlotBytes)
+      differ("BRAID_DEVICE_SLOT_BYTES", std::to_string(mine.deviceSlotBytes),
+             std::to_string(theirs.deviceSlotBytes));
+    if (theirs.deviceSlots != mine.deviceSlots)
+      differ("BRAID_DEVICE_SLOTS", std::to_string(mine.deviceSlots),
+             std::to_string(theirs.deviceSlots));
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));
@@ -310,9 +319,19 @@ void Communicator::Impl::setUpDevice() {
   if (!noDevice.empty()) return;
   const transport::Setup setup{*bootstrap, knobs.deviceSlotBytes, knobs.deviceSlots,
                                deadlineAfter(knobs.timeout)};
+  std::unique_ptr<transport::DeviceTransport> connections;
+  try {
+    connections = transport::wireDevice(setup, *device, deviceIndex);
+  } catch (const Error& error) {
+    // Every rank throws alike: the communicator goes on for host buffers.
+    if (error.code() == ErrorCode::Timeout) throw;
+    noDevice = error.what();
+    BRAID_WARN(Init, "device buffers cannot be used: %s", error.what());
+    return;
+  }
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
-      *device, transport::wireDevice(setup, *device, deviceIndex), rank, nranks, deviceIndex,
-      knobs.timeout, aborted, [this](const Error& error) { recordFailure(error); });
+      *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
+      [this](const Error& error) { recordFailure(error); });
   BRAID_INFO(Init, "device %d (%s): device buffers go over cuda_ipc", deviceIndex, device->name());
 }
 

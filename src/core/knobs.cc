@@ -258,6 +258,14 @@ Knobs Knobs::resolve(const Config& config) {
                 "braid: BRAID_DEVICE_SLOT_BYTES must be a multiple of 64 between 4K and 1G");
   if (knobs.deviceSlots < 2 || knobs.deviceSlots > 64)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_DEVICE_SLOTS must be between 2 and 64");
+  // A device stream cannot wait for two things at once: every send that a
+  // plan posts before it receives must fit in the FIFO unreceived (a
+  // one-shot all-reduce sends up to 64 KiB to every peer first).
+  if (knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots) < 128 * 1024)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: BRAID_DEVICE_SLOT_BYTES x BRAID_DEVICE_SLOTS is %zu bytes; a "
+                       "device FIFO needs at least 128K",
+                       knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots)));
   knobs.deviceChunkBytes = knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots) / 2;
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

@@ -117,6 +117,7 @@ DeviceExecutor::~DeviceExecutor() {
   watchdog_.join();
   for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
   if (scratch_) device_.free(scratch_);
+  if (sends_) device_.destroyStream(sends_);
 }
 
 bool DeviceExecutor::reaches(int peer) const {
@@ -164,6 +165,10 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
                       "is on another host",
                       lanes[i].info.describe().c_str(), p));
     }
+  // Collectives first, in issue order (the same on every rank), then the
+  // point-to-point ops, whose order only matters per peer and direction.
+  std::stable_partition(lanes, lanes + count,
+                        [](const DeviceLane& lane) { return !lane.pointToPoint; });
   ensureScratch(lanes, count, lock);
 
   const device::StreamHandle stream = streams[0];
@@ -183,7 +188,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   op.begin = takeEvent();
   op.end = takeEvent();
   device_.record(op.begin, stream);
-  lower(lanes, count, stream, &op.targets);
+  lower(lanes, count, stream, &op);
   device_.record(op.end, stream);
   for (size_t s = 1; s < streamCount; ++s)
     if (streams[s] != stream) device_.streamWait(streams[s], op.end);
@@ -194,47 +199,89 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   changed_.notify_all();
 }
 
-void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle stream,
-                           std::vector<Op::Target>* targets) {
+void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op) {
   pendingFlags_.clear();
-  if (count == 1) {
-    DeviceLane& lane = lanes[0];
-    while (lane.step < lane.plan->steps.size()) lowerPiece(lane, stream);
+  pendingStream_ = stream;
+  const size_t collectives = static_cast<size_t>(
+      std::find_if(lanes, lanes + count, [](const DeviceLane& l) { return l.pointToPoint; }) -
+      lanes);
+  lowerInTurns(lanes, collectives, stream, nullptr);
+  const bool sendsApart =
+      count - collectives > 1 && std::any_of(lanes + collectives, lanes + count, [](auto& l) {
+        return !l.plan->steps.empty() && l.plan->steps[0].kind == StepKind::Send;
+      });
+  if (!sendsApart) {
+    lowerInTurns(lanes + collectives, count - collectives, stream, nullptr);
   } else {
-    // In turns: one piece of every lane that may run, until all are done.
-    Turns turns(lanes, count);
-    for (bool left = true; left;) {
-      left = false;
-      for (size_t i = 0; i < count; ++i) {
-        DeviceLane& lane = lanes[i];
-        if (lane.step == lane.plan->steps.size()) continue;
-        left = true;
-        if (turns.mayRun(i, lane.plan->steps[lane.step])) lowerPiece(lane, stream);
-      }
-    }
+    // The sends fork from the caller's stream after the collectives and
+    // join it before the op's end.
+    device::StreamHandle sends = sendStream();
+    device::EventHandle fork = takeEvent(), join = takeEvent();
+    op->joins.push_back(fork);
+    op->joins.push_back(join);
+    flushFlags();
+    device_.record(fork, stream);
+    device_.streamWait(sends, fork);
+    lowerInTurns(lanes + collectives, count - collectives, stream, sends);
+    flushFlags();
+    device_.record(join, sends);
+    device_.streamWait(stream, join);
   }
-  flushFlags(stream);
+  flushFlags();
   // Where every connection the op used must get to.
   for (size_t i = 0; i < count; ++i)
     for (const algo::Step& step : lanes[i].plan->steps)
       for (int peer :
            {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1}) {
         if (peer < 0) continue;
-        const bool known = std::any_of(targets->begin(), targets->end(),
+        const bool known = std::any_of(op->targets.begin(), op->targets.end(),
                                        [&](const Op::Target& t) { return t.peer == peer; });
         if (known) continue;
         const transport::DeviceConnection* c = transport_->connection(peer);
-        targets->push_back({peer, c->recv.next, c->send.next});
+        op->targets.push_back({peer, c->recv.next, c->send.next});
       }
 }
 
-void DeviceExecutor::flushFlags(device::StreamHandle stream) {
+void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::StreamHandle stream,
+                                  device::StreamHandle sendsOn) {
+  if (count == 0) return;
+  auto streamOf = [&](const DeviceLane& lane) {
+    return sendsOn && lane.plan->steps[lane.step].kind == StepKind::Send ? sendsOn : stream;
+  };
+  if (count == 1) {
+    DeviceLane& lane = lanes[0];
+    while (lane.step < lane.plan->steps.size()) lowerPiece(lane, streamOf(lane));
+    return;
+  }
+  // In turns: one piece of every lane that may run, until all are done.
+  Turns turns(lanes, count);
+  for (bool left = true; left;) {
+    left = false;
+    for (size_t i = 0; i < count; ++i) {
+      DeviceLane& lane = lanes[i];
+      if (lane.step == lane.plan->steps.size()) continue;
+      left = true;
+      if (turns.mayRun(i, lane.plan->steps[lane.step])) lowerPiece(lane, streamOf(lane));
+    }
+  }
+}
+
+device::StreamHandle DeviceExecutor::sendStream() {
+  if (!sends_) sends_ = device_.createStream(deviceIndex_);
+  return sends_;
+}
+
+void DeviceExecutor::flushFlags() {
   if (pendingFlags_.empty()) return;
-  device_.flagOps(stream, pendingFlags_.data(), pendingFlags_.size());
+  device_.flagOps(pendingStream_, pendingFlags_.data(), pendingFlags_.size());
   pendingFlags_.clear();
 }
 
 void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
+  if (stream != pendingStream_) {
+    flushFlags();
+    pendingStream_ = stream;
+  }
   const algo::Step& step = lane.plan->steps[lane.step];
   const size_t elemSize = dataTypeSize(lane.type);
   const size_t total = step.count * elemSize;
@@ -258,7 +305,7 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   };
 
   if (step.kind == StepKind::Copy || step.kind == StepKind::Reduce) {
-    flushFlags(stream);
+    flushFlags();
     if (step.kind == StepKind::Reduce)
       device_.reduce(stream, reduceArgs(dst, dst, src, step.count, divisor));
     else if (divisor)
@@ -288,7 +335,7 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
     pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
     outSlot = out->slots + (out->next % slots_) * slotBytes_;
   }
-  flushFlags(stream);
+  flushFlags();
   switch (step.kind) {
     case StepKind::Send:
       device_.copy(stream, outSlot, mine, piece);
@@ -341,6 +388,10 @@ void DeviceExecutor::releaseWaits() {
 Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
   const std::string op =
       ops_.empty() ? std::string("device ops") : ops_.front().info.describe() + " on the device";
+  if (notice.failedRank == rank_)
+    return Error(notice.timedOut ? ErrorCode::Timeout : ErrorCode::RemoteError,
+                 format("braid rank %d: %s: peer %d gave up %s this rank", rank_, op.c_str(),
+                        notice.peer, notice.timedOut ? "timed out waiting for" : "blaming"));
   if (notice.failedRank >= 0 && notice.timedOut)
     return Error(ErrorCode::Timeout,
                  format("braid rank %d: %s: rank %d stopped answering: peer %d timed out waiting "
@@ -351,9 +402,8 @@ Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
                  format("braid rank %d: %s: rank %d failed: peer %d gave up on it", rank_,
                         op.c_str(), notice.failedRank, notice.peer));
   return Error(ErrorCode::RemoteError,
-               format("braid rank %d: %s: peer %d closed its connection (the peer exited, failed "
-                      "or was aborted)",
-                      rank_, op.c_str(), notice.peer));
+               format("braid rank %d: %s: peer %d gave up (it failed or was aborted)", rank_,
+                      op.c_str(), notice.peer));
 }
 
 std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
@@ -418,7 +468,7 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
 }
 
 std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) {
-  for (int peer : departed_)
+  for (const auto& [peer, goodbye] : departed_)
     for (const Op::Target& target : head.targets) {
       if (target.peer != peer) continue;
       const transport::DeviceConnection* c = transport_->connection(peer);
@@ -428,10 +478,15 @@ std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) 
           static_cast<int32_t>(low(target.sent) - device_.readFlagNow(c->send.credit));
       if (missing <= 0 && unread <= static_cast<int32_t>(slots_) - 1) continue;
       *blamed = peer;
+      if (goodbye)
+        return Error(ErrorCode::RemoteError,
+                     format("braid rank %d: %s on the device: peer %d destroyed its communicator "
+                            "while this op still waits for it (the ranks did not issue the same "
+                            "operations)",
+                            rank_, head.info.describe().c_str(), peer));
       return Error(ErrorCode::RemoteError,
-                   format("braid rank %d: %s on the device: peer %d destroyed its communicator "
-                          "while this op still waits for it (the ranks did not issue the same "
-                          "operations)",
+                   format("braid rank %d: %s on the device: peer %d closed its connection while "
+                          "this op still waits for it (the peer exited or died)",
                           rank_, head.info.describe().c_str(), peer));
     }
   return std::nullopt;
@@ -459,15 +514,18 @@ void DeviceExecutor::watch() {
     // so an op seen finished here that used such writes is failed below.
     size_t passed = 0;
     while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
-    lock.unlock();
-    transport::PeerNotice notice;
-    const bool news = transport_->poll(&notice, std::chrono::milliseconds(0));
-    lock.lock();
-    if (news && notice.closed && !notice.goodbye) {
-      Error error = peerError(notice);
-      failAll(error, notice.failedRank >= 0 ? notice.failedRank : notice.peer, notice.timedOut);
+    notices_.clear();
+    transport_->poll(&notices_);
+    // A peer that gave up fails everything here at once. One that left
+    // otherwise (cleanly, or exited, or died) wrote all it ever will: only
+    // an op still missing some of that fails (checkDeparted).
+    for (const transport::PeerNotice& notice : notices_) {
+      if (notice.gaveUp)
+        failAll(peerError(notice), notice.failedRank >= 0 ? notice.failedRank : notice.peer,
+                notice.timedOut);
+      else if (notice.closed)
+        departed_.push_back({notice.peer, notice.goodbye});
     }
-    if (news && notice.closed && notice.goodbye) departed_.push_back(notice.peer);
     if (!failure_ && aborted_.load(std::memory_order_relaxed))
       failAll(Error(ErrorCode::Aborted,
                     format("braid rank %d: %s: the communicator was aborted", rank_,

@@ -12,10 +12,13 @@
 //
 // Ops of one communicator run one after another on the device, whatever
 // streams they were issued on: an op issued on another stream than the
-// previous one first waits for it (an event). The lanes of a group are
-// lowered piece by piece in turns, each connection direction used by one
-// lane at a time in issue order, so grouped sends and receives to every
-// peer cannot deadlock.
+// previous one first waits for it (an event). In a group, the collectives
+// come first (every rank issues them in the same order), lowered piece by
+// piece in turns, each connection direction used by one lane at a time in
+// issue order; then the sends and receives, in turns too, the sends on a
+// stream of the executor's own that forks from the caller's stream and
+// joins it again. A send then waits only for credit and a receive only for
+// data, so grouped sends and receives in any order cannot deadlock.
 //
 // A watchdog thread completes each op's Work once the stream has passed it,
 // and fails ops: when a peer dies, aborts or says it gave up, when the
@@ -52,7 +55,8 @@ struct DeviceLane {
   std::byte* output = nullptr;
   DataType type = DataType::Uint8;
   ReduceOp op = ReduceOp::Sum;
-  int nranks = 1;  // Avg's divisor
+  int nranks = 1;             // Avg's divisor
+  bool pointToPoint = false;  // a send or a receive, not a collective
   OpInfo info;
 
   // Lowering progress, owned by the executor.
@@ -108,10 +112,16 @@ class DeviceExecutor {
   };
 
   // ---- Lowering (issuing thread, mutex_ held).
-  void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream,
-             std::vector<Op::Target>* targets);
+  void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op);
+  // Lowers `lanes` in turns; the sends of point-to-point lanes go to
+  // `sends` (the caller's stream when null).
+  void lowerInTurns(DeviceLane* lanes, size_t count, device::StreamHandle stream,
+                    device::StreamHandle sends);
   void lowerPiece(DeviceLane& lane, device::StreamHandle stream);
-  void flushFlags(device::StreamHandle stream);
+  // Enqueues the flag operations gathered so far (on the stream they were
+  // gathered for).
+  void flushFlags();
+  device::StreamHandle sendStream();
   void ensureScratch(DeviceLane* lanes, size_t count, std::unique_lock<std::mutex>& lock);
   device::EventHandle takeEvent();
 
@@ -146,13 +156,16 @@ class DeviceExecutor {
   std::condition_variable changed_;
   std::deque<Op> ops_;  // outstanding, in issue order
   std::vector<device::EventHandle> freeEvents_;
-  std::vector<device::FlagOp> pendingFlags_;  // lowering: the batch being built
+  std::vector<device::FlagOp> pendingFlags_;      // lowering: the batch being built...
+  device::StreamHandle pendingStream_ = nullptr;  // ...for this stream
+  device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   device::StreamHandle lastStream_ = nullptr;
   std::byte* scratch_ = nullptr;  // device memory shared by ops (they never overlap)
   size_t scratchBytes_ = 0;
-  std::optional<Error> failure_;  // sticky
-  int waitingFor_ = -1;           // what this rank last told its peers it waits for
-  std::vector<int> departed_;     // peers that said goodbye and left
+  std::optional<Error> failure_;                // sticky
+  int waitingFor_ = -1;                         // what this rank last told its peers it waits for
+  std::vector<std::pair<int, bool>> departed_;  // peers that left otherwise: (rank, goodbye)
+  std::vector<transport::PeerNotice> notices_;  // the watchdog's scratch
   bool stopping_ = false;
   std::thread watchdog_;  // last: starts once the rest is built
 };

@@ -79,6 +79,9 @@ class CudaIpcTransport final : public DeviceTransport {
     return p.device == myDevice_ ? "same device" : "peer access";
   }
 
+  // Each phase ends with every rank saying whether it went well, so that
+  // all ranks fail together (naming the rank and what went wrong) instead
+  // of some waiting for the others until the deadline.
   void setUp(bootstrap::Bootstrap& bootstrap, int deviceIndex, net::Deadline deadline) {
     myDevice_ = deviceIndex;
     const int nranks = bootstrap.size();
@@ -93,73 +96,82 @@ class CudaIpcTransport final : public DeviceTransport {
     mine.device = deviceIndex;
     bootstrap.allGather(adverts.data(), sizeof(Advert), deadline);
 
-    for (int r = 0; r < nranks; ++r) {
-      if (!local(r)) continue;
-      Peer& peer = peers_[r];
-      peer.device = adverts[r].device;
-      if (r != rank_ && !device_.canAccessPeer(deviceIndex, peer.device))
-        fail(ErrorCode::InvalidUsage, rank_,
-             format("cuda_ipc: device %d of this rank cannot reach device %d of rank %d (no peer "
-                    "access between them; staging through host memory is not supported yet)",
-                    deviceIndex, peer.device, r));
-      peer.local = static_cast<std::byte*>(device_.allocate(deviceIndex, blockBytes()));
-    }
-    // Lower ranks connect to higher ones (a connect and its hello never
-    // wait for the accept), then each accepts the lower ones.
-    for (int r = rank_ + 1; r < nranks; ++r)
-      if (local(r)) {
-        adverts[r].listener[sizeof(adverts[r].listener) - 1] = '\0';
-        peers_[r].channel =
-            connectUnix(adverts[r].listener, bootstrap.secret(), rank_, deadline, who(r));
+    // Memory, and a connection to every higher rank (a connect and its
+    // hello never wait for the accept).
+    agree(bootstrap, deadline, [&] {
+      for (int r = 0; r < nranks; ++r) {
+        if (!local(r)) continue;
+        Peer& peer = peers_[r];
+        peer.device = adverts[r].device;
+        if (r != rank_ && !device_.canAccessPeer(deviceIndex, peer.device))
+          throw Error(ErrorCode::InvalidUsage,
+                      format("device %d cannot reach device %d of rank %d (no peer access "
+                             "between them; staging through host memory is not supported yet)",
+                             deviceIndex, peer.device, r));
+        peer.local = static_cast<std::byte*>(device_.allocate(deviceIndex, blockBytes()));
       }
-    int lower = 0;
-    for (int r = 0; r < rank_; ++r) lower += local(r) ? 1 : 0;
-    for (int accepted = 0; accepted < lower;) {
-      int from = -1;
-      net::Socket socket = listener.accept(bootstrap.secret(), &from, deadline);
-      if (from < 0 || from >= rank_ || !local(from) || peers_[from].channel.valid()) {
-        BRAID_WARN(Init, "cuda_ipc: dropped a connection that claims to be rank %d", from);
-        continue;
+      for (int r = rank_ + 1; r < nranks; ++r)
+        if (local(r)) {
+          adverts[r].listener[sizeof(adverts[r].listener) - 1] = '\0';
+          peers_[r].channel =
+              connectUnix(adverts[r].listener, bootstrap.secret(), rank_, deadline, who(r));
+        }
+    });
+    // Every lower rank connected: accept them, then swap the blocks'
+    // descriptors (all sends first: small, they never block).
+    agree(bootstrap, deadline, [&] {
+      int lower = 0;
+      for (int r = 0; r < rank_; ++r) lower += local(r) ? 1 : 0;
+      for (int accepted = 0; accepted < lower;) {
+        int from = -1;
+        net::Socket socket = listener.accept(bootstrap.secret(), &from, deadline);
+        if (from < 0 || from >= rank_ || !local(from) || peers_[from].channel.valid()) {
+          BRAID_WARN(Init, "cuda_ipc: dropped a connection that claims to be rank %d", from);
+          continue;
+        }
+        peers_[from].channel = std::move(socket);
+        ++accepted;
       }
-      peers_[from].channel = std::move(socket);
-      ++accepted;
-    }
-    // Every pair swaps its blocks' descriptors: all sends first (small,
-    // they never block), then every receive.
-    for (int r = 0; r < nranks; ++r) {
-      Peer& peer = peers_[r];
-      if (!peer.channel.valid()) continue;
-      const int fd = device_.exportFd(peer.local);
-      const BlockInfo info{blockBytes(), deviceIndex, 0};
-      try {
-        sendWithFd(peer.channel, &info, sizeof(info), fd, deadline, who(r));
-      } catch (...) {
+      for (int r = 0; r < nranks; ++r) {
+        Peer& peer = peers_[r];
+        if (!peer.channel.valid()) continue;
+        const int fd = device_.exportFd(peer.local);
+        const BlockInfo info{blockBytes(), deviceIndex, 0};
+        try {
+          sendWithFd(peer.channel, &info, sizeof(info), fd, deadline, who(r));
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
         ::close(fd);
-        throw;
       }
-      ::close(fd);
-    }
-    for (int r = 0; r < nranks; ++r) {
-      Peer& peer = peers_[r];
-      if (r == rank_ && peer.local) peer.remote = peer.local;
-      if (!peer.channel.valid()) continue;
-      BlockInfo info{};
-      const int fd = recvWithFd(peer.channel, &info, sizeof(info), deadline, who(r));
-      if (info.bytes != blockBytes()) {
+    });
+    agree(bootstrap, deadline, [&] {
+      for (int r = 0; r < nranks; ++r) {
+        Peer& peer = peers_[r];
+        if (r == rank_ && peer.local) peer.remote = peer.local;
+        if (!peer.channel.valid()) continue;
+        BlockInfo info{};
+        const int fd = recvWithFd(peer.channel, &info, sizeof(info), deadline, who(r));
+        if (info.bytes != blockBytes()) {
+          ::close(fd);
+          throw Error(ErrorCode::InvalidArgument,
+                      format("rank %d's FIFO block is %llu bytes, this rank's %zu: "
+                             "BRAID_DEVICE_SLOT_BYTES and BRAID_DEVICE_SLOTS must be the same on "
+                             "every rank",
+                             r, static_cast<unsigned long long>(info.bytes), blockBytes()));
+        }
+        try {
+          peer.remote = static_cast<std::byte*>(device_.import(fd, blockBytes(), deviceIndex));
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
         ::close(fd);
-        fail(ErrorCode::InvalidArgument, rank_,
-             format("cuda_ipc: rank %d's FIFO block is %llu bytes, this rank's %zu: "
-                    "BRAID_DEVICE_SLOT_BYTES and BRAID_DEVICE_SLOTS must be the same on every rank",
-                    r, static_cast<unsigned long long>(info.bytes), blockBytes()));
       }
-      try {
-        peer.remote = static_cast<std::byte*>(device_.import(fd, blockBytes(), deviceIndex));
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      ::close(fd);
-    }
+    });
+    // (After the last agreement every peer has mapped this rank's blocks,
+    // so nobody writes into a block its owner has not handed out.)
     for (int r = 0; r < nranks; ++r) {
       Peer& peer = peers_[r];
       if (!peer.local) continue;
@@ -172,11 +184,9 @@ class CudaIpcTransport final : public DeviceTransport {
       c.send.filled = counterAt(peer.remote, kFilledOffset);
       c.send.credit = counterAt(peer.local, kCreditOffset);
     }
-    // Nobody writes into a peer's block before the peer mapped ours.
-    bootstrap.barrier(deadline);
   }
 
-  bool poll(PeerNotice* notice, std::chrono::milliseconds wait) override {
+  void poll(std::vector<PeerNotice>* notices) override {
     fds_.clear();
     owners_.clear();
     for (size_t r = 0; r < peers_.size(); ++r)
@@ -184,36 +194,9 @@ class CudaIpcTransport final : public DeviceTransport {
         fds_.push_back({peers_[r].channel.fd(), POLLIN, 0});
         owners_.push_back(static_cast<int>(r));
       }
-    if (fds_.empty()) {
-      if (wait.count() > 0) ::usleep(static_cast<useconds_t>(wait.count()) * 1000);
-      return false;
-    }
-    const int ready = ::poll(fds_.data(), fds_.size(), static_cast<int>(wait.count()));
-    if (ready <= 0) return false;
-    for (size_t i = 0; i < fds_.size(); ++i) {
-      if (fds_[i].revents == 0) continue;
-      Peer& peer = peers_[owners_[i]];
-      Notice said{};
-      const ssize_t got = ::recv(fds_[i].fd, &said, sizeof(said), MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (got == static_cast<ssize_t>(sizeof(said)) && said.kind == Notice::Goodbye) {
-        peer.goodbye = true;
-        continue;  // the close that follows is reported, as a clean one
-      }
-      if (got == static_cast<ssize_t>(sizeof(said)) && said.kind == Notice::WaitingFor) {
-        peer.waitsFor = said.failedRank;
-        *notice = {owners_[i], peer.waitsFor, false, false, -1, false};
-        return true;
-      }
-      if (got == static_cast<ssize_t>(sizeof(said)) && said.kind == Notice::Failure) {
-        peer.failedRank = said.failedRank;
-        peer.timedOut = said.timedOut != 0;
-      }
-      peer.reported = true;
-      *notice = {owners_[i], -1, true, peer.goodbye, peer.failedRank, peer.timedOut};
-      return true;
-    }
-    return false;
+    if (fds_.empty() || ::poll(fds_.data(), fds_.size(), 0) <= 0) return;
+    for (size_t i = 0; i < fds_.size(); ++i)
+      if (fds_[i].revents != 0) readNotices(owners_[i], notices);
   }
 
   void announceFailure(int failedRank, bool timedOut) override {
@@ -234,10 +217,75 @@ class CudaIpcTransport final : public DeviceTransport {
     bool goodbye = false;
     int failedRank = -1;
     bool timedOut = false;
-    int waitsFor = -1;  // what the peer last said it waits for
+    int waitsFor = -1;                  // what the peer last said it waits for
+    std::byte partial[sizeof(Notice)];  // a notice still arriving
+    size_t have = 0;
   };
 
   static std::string who(int rank) { return format("rank %d", rank); }
+
+  // Runs `phase`, then tells every rank whether it threw: when any rank's
+  // did, every rank throws the first such rank's error (its code and what
+  // it said).
+  template <typename Phase>
+  void agree(bootstrap::Bootstrap& bootstrap, net::Deadline deadline, Phase&& phase) {
+    struct Outcome {
+      int32_t code;  // -1: fine
+      char what[244];
+    };
+    std::vector<Outcome> all(static_cast<size_t>(bootstrap.size()));
+    Outcome& mine = all[rank_];
+    std::memset(&mine, 0, sizeof(mine));
+    mine.code = -1;
+    try {
+      phase();
+    } catch (const Error& error) {
+      mine.code = static_cast<int32_t>(error.code());
+      std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
+    }
+    bootstrap.allGather(all.data(), sizeof(Outcome), deadline);
+    for (int r = 0; r < bootstrap.size(); ++r)
+      if (all[r].code >= 0) {
+        all[r].what[sizeof(all[r].what) - 1] = '\0';
+        throw Error(
+            static_cast<ErrorCode>(all[r].code),
+            format("cuda_ipc: rank %d could not set up device connections: %s", r, all[r].what));
+      }
+  }
+
+  // Takes in what `peer` sent: whole notices, and its close.
+  void readNotices(int rank, std::vector<PeerNotice>* notices) {
+    Peer& peer = peers_[static_cast<size_t>(rank)];
+    for (;;) {
+      const ssize_t got = ::recv(peer.channel.fd(), peer.partial + peer.have,
+                                 sizeof(Notice) - peer.have, MSG_DONTWAIT);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (got <= 0) {  // closed (or reset): reported once, with what it said before
+        peer.reported = true;
+        notices->push_back({rank, -1, true, peer.goodbye, false, -1, false});
+        return;
+      }
+      peer.have += static_cast<size_t>(got);
+      if (peer.have < sizeof(Notice)) continue;
+      peer.have = 0;
+      Notice said;
+      std::memcpy(&said, peer.partial, sizeof(said));
+      if (said.kind == Notice::Goodbye) {
+        peer.goodbye = true;
+      } else if (said.kind == Notice::WaitingFor) {
+        peer.waitsFor = said.failedRank;
+        notices->push_back({rank, peer.waitsFor, false, false, false, -1, false});
+      } else if (said.kind == Notice::Failure) {
+        // Reported as a close: the peer sends nothing more that matters.
+        peer.failedRank = said.failedRank;
+        peer.timedOut = said.timedOut != 0;
+        peer.reported = true;
+        notices->push_back({rank, -1, true, false, true, peer.failedRank, peer.timedOut});
+        return;
+      }
+    }
+  }
 
   // Best effort: a full or closed socket just drops the notice.
   void tell(const Notice& notice) {

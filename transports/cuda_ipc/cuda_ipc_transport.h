@@ -22,9 +22,10 @@
 namespace braid::transport::cuda_ipc {
 
 // Collective over the communicator. Connects this rank to every peer on
-// its host (and to itself); peers on other hosts get no connection.
-// Throws Error(SystemError) when device memory or sockets fail, and
-// Error(InvalidUsage) when two devices of the host have no peer access.
+// its host (and to itself); peers on other hosts get no connection. When
+// any rank cannot (no device memory, no peer access between two devices,
+// a socket that fails), every rank throws the same Error naming that rank:
+// InvalidUsage for a missing peer access, else the failure's own code.
 std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
                                         int deviceIndex, size_t slotBytes, int slots,
                                         net::Deadline deadline);

@@ -104,16 +104,21 @@ net::Socket UnixListener::accept(uint64_t secret, int* peerRank, net::Deadline d
 
 net::Socket connectUnix(const std::string& name, uint64_t secret, int rank, net::Deadline deadline,
                         const std::string& who) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) failSys("socket(AF_UNIX)", errno);
   net::Socket socket(fd);
   socklen_t length = 0;
   const sockaddr_un address = addressOf(name, &length);
+  // A Unix connect completes at once or, with the listener's backlog full,
+  // fails with EAGAIN: then try again until the deadline.
   while (::connect(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
     if (errno == EINTR) continue;
+    if (errno == EAGAIN && net::Clock::now() < deadline) {
+      ::usleep(1000);
+      continue;
+    }
     failSys(format("connect to %s", who.c_str()), errno);
   }
-  socket.setNonBlocking(true);
   const Hello hello{kHelloMagic, secret, rank, 0};
   socket.sendAll(&hello, sizeof(hello), deadline, who);
   return socket;
