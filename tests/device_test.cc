@@ -213,7 +213,7 @@ TEST_P(DeviceTest, EveryAllReduceAlgorithmMatchesTheReferenceAt3And4Ranks) {
     ::setenv("BRAID_ALGO", (std::string("allreduce:") + algo).c_str(), 1);
     for (int nranks : {3, 4})
       sweep(nranks, {Coll::AllReduce}, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum},
-            {1, 1023, std::string(algo) == "oneshot" ? 4096 : (1 << 16) + 3});
+            {1, 1023, std::string(algo) == "oneshot" ? size_t{4096} : (size_t{1} << 16) + 3});
   }
   ::unsetenv("BRAID_ALGO");
 }
@@ -355,6 +355,41 @@ TEST_P(DeviceTest, TheCallReturnsBeforeTheOpRunsAndWorkFollowsTheStream) {
         const auto* values = reinterpret_cast<const float*>(late.data());
         for (size_t i = 0; i < count; ++i)
           require(values[i] == 2.0f, format("element %zu is %g, not 2", i, values[i]));
+      },
+      options());
+}
+
+// Issuing never waits for the device: not even a group that needs more
+// scratch memory than the ops still queued on a held stream use.
+TEST_P(DeviceTest, IssuingNeverWaitsForTheStreamEvenWhenScratchGrows) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        StreamHold hold(dev);
+        const size_t count = 1000;
+        std::vector<float> ones(count, 1.0f);
+        DeviceBuffer a(dev, count * 4), b(dev, count * 4), c(dev, count * 4);
+        for (DeviceBuffer* buffer : {&a, &b, &c}) buffer->upload(ones.data());
+        hold.hold(stream);
+        comm.allReduce(a.data(), a.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream());
+        const auto start = steady_clock::now();
+        comm.groupStart();
+        comm.allReduce(b.data(), b.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream());
+        comm.allReduce(c.data(), c.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream());
+        comm.groupEnd();
+        require(steady_clock::now() - start < milliseconds(500),
+                "groupEnd waited for the held stream");
+        hold.release();
+        stream.synchronize();
+        for (DeviceBuffer* buffer : {&a, &b, &c}) {
+          const std::vector<std::byte> got = buffer->download();
+          require(reinterpret_cast<const float*>(got.data())[count - 1] == 2.0f, "wrong result");
+        }
       },
       options());
 }

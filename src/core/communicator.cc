@@ -189,6 +189,11 @@ class Checker {
       fail(ErrorCode::InvalidUsage, impl_.rank,
            format("%s: device buffers cannot be used by this communicator: %s", op_,
                   impl_.noDevice.c_str()));
+    if (impl_.device->capturing(stream.deviceStream()))
+      fail(ErrorCode::InvalidUsage, impl_.rank,
+           format("%s: the stream is being captured into a CUDA graph, which braid's device "
+                  "ops do not support yet (they would bake this call's counters into it)",
+                  op_));
     return true;
   }
 

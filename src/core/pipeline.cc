@@ -135,20 +135,20 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
       lastSeq = std::max(lastSeq, op.info.seq + 1);
     }
   }
-  auto done = [this, works = std::move(works), lastSeq, collective](std::exception_ptr error) {
+  auto done = [this, works = std::move(works), lastSeq, collective](const Error* error) {
     if (!error && collective) {  // for hang reports: collectives done here
       uint64_t seen = completedSeq.load(std::memory_order_relaxed);
       while (seen < lastSeq && !completedSeq.compare_exchange_weak(seen, lastSeq)) {
       }
     }
     for (const auto& work : works)
-      if (work) work->complete(error);
+      if (work) work->complete(error ? std::make_exception_ptr(*error) : nullptr);
   };
   try {
     throwIfFailed();
     deviceExecutor->enqueue(lanes.data(), count, streams.data(), streams.size(), done);
-  } catch (const Error&) {
-    done(std::current_exception());
+  } catch (const Error& error) {
+    done(&error);
     throw;
   }
 }

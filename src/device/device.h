@@ -109,7 +109,8 @@ class Device {
   virtual void destroyStream(StreamHandle stream) = 0;
   // Blocks until everything enqueued on `stream` has run.
   virtual void synchronize(StreamHandle stream) = 0;
-  virtual EventHandle createEvent() = 0;
+  // An event of `device`, recorded on that device's streams.
+  virtual EventHandle createEvent(int device) = 0;
   virtual void destroyEvent(EventHandle event) = 0;
   // The event completes once everything enqueued on `stream` so far ran.
   virtual void record(EventHandle event, StreamHandle stream) = 0;
@@ -117,6 +118,9 @@ class Device {
   virtual void streamWait(StreamHandle stream, EventHandle event) = 0;
   // Whether the event completed (an event never recorded has). Never blocks.
   virtual bool query(EventHandle event) = 0;
+  // Whether `stream` is being captured into a graph (cudaStreamIsCapturing):
+  // braid's ops would bake their counters into it, so they refuse.
+  virtual bool capturing(StreamHandle stream) = 0;
 
   // ---- Stream-ordered operations: enqueued, they return at once.
   virtual void copy(StreamHandle stream, void* dst, const void* src, size_t bytes) = 0;

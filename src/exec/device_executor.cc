@@ -116,6 +116,7 @@ DeviceExecutor::~DeviceExecutor() {
   changed_.notify_all();
   watchdog_.join();
   for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
+  for (std::byte* old : retiredScratch_) device_.free(old);
   if (scratch_) device_.free(scratch_);
   if (sends_) device_.destroyStream(sends_);
 }
@@ -125,22 +126,21 @@ bool DeviceExecutor::reaches(int peer) const {
 }
 
 device::EventHandle DeviceExecutor::takeEvent() {
-  if (freeEvents_.empty()) return device_.createEvent();
+  if (freeEvents_.empty()) return device_.createEvent(deviceIndex_);
   device::EventHandle event = freeEvents_.back();
   freeEvents_.pop_back();
   return event;
 }
 
-void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count,
-                                   std::unique_lock<std::mutex>& lock) {
+void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count) {
   size_t need = 0;
   for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
   if (need > scratchBytes_) {
-    // Ops in flight may still use the old area: let them finish first.
-    changed_.wait(lock, [&] { return ops_.empty(); });
-    if (scratch_) device_.free(scratch_);
-    scratch_ = nullptr;
-    scratch_ = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
+    // Ops in flight may still use the old area: it is freed once none is
+    // left (by the watchdog), never waited for here.
+    std::byte* bigger = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
+    if (scratch_) retiredScratch_.push_back(scratch_);
+    scratch_ = bigger;
     scratchBytes_ = need;
   }
   size_t at = 0;
@@ -169,7 +169,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   // point-to-point ops, whose order only matters per peer and direction.
   std::stable_partition(lanes, lanes + count,
                         [](const DeviceLane& lane) { return !lane.pointToPoint; });
-  ensureScratch(lanes, count, lock);
+  ensureScratch(lanes, count);
 
   const device::StreamHandle stream = streams[0];
   Op op;
@@ -187,9 +187,26 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   }
   op.begin = takeEvent();
   op.end = takeEvent();
-  device_.record(op.begin, stream);
-  lower(lanes, count, stream, &op);
-  device_.record(op.end, stream);
+  try {
+    device_.record(op.begin, stream);
+    lower(lanes, count, stream, &op);
+    device_.record(op.end, stream);
+  } catch (const Error& error) {
+    // Part of the op may be on the stream, and the counters moved on: the
+    // communicator fails, and the watchdog releases what was enqueued.
+    Error failed(error.code(), format("braid rank %d: %s: enqueueing on the device failed: %s",
+                                      rank_, op.info.describe().c_str(), error.what()));
+    failAll(failed, -1, false);
+    try {
+      device_.record(op.end, stream);
+      op.done = [](const Error*) {};  // the caller completes the op's Work with the throw
+      ops_.push_back(std::move(op));
+    } catch (const Error&) {  // the stream cannot even take an event: nothing to track
+    }
+    lock.unlock();
+    changed_.notify_all();
+    throw failed;
+  }
   for (size_t s = 1; s < streamCount; ++s)
     if (streams[s] != stream) device_.streamWait(streams[s], op.end);
   lastStream_ = stream;
@@ -502,73 +519,109 @@ void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
 }
 
 void DeviceExecutor::watch() {
+  // Queries and host-side flag writes act on the communicator's device
+  // (else CUDA would set up a context on device 0 for this thread).
+  device_.setCurrent(deviceIndex_);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    if (ops_.empty()) {
-      if (stopping_) return;
-      changed_.wait_for(lock, kIdleTurn);
-      if (stopping_ && ops_.empty()) return;
-    }
-    // Which ops the stream has passed, before looking at the side channel:
-    // a peer that gives up says so before its streams write anything more,
-    // so an op seen finished here that used such writes is failed below.
-    size_t passed = 0;
-    while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
-    notices_.clear();
-    transport_->poll(&notices_);
-    // A peer that gave up fails everything here at once. One that left
-    // otherwise (cleanly, or exited, or died) wrote all it ever will: only
-    // an op still missing some of that fails (checkDeparted).
-    for (const transport::PeerNotice& notice : notices_) {
-      if (notice.gaveUp)
-        failAll(peerError(notice), notice.failedRank >= 0 ? notice.failedRank : notice.peer,
-                notice.timedOut);
-      else if (notice.closed)
-        departed_.push_back({notice.peer, notice.goodbye});
-    }
-    if (!failure_ && aborted_.load(std::memory_order_relaxed))
-      failAll(Error(ErrorCode::Aborted,
-                    format("braid rank %d: %s: the communicator was aborted", rank_,
-                           ops_.empty() ? "device ops" : ops_.front().info.describe().c_str())),
-              -1, false);
-    if (!failure_ && passed < ops_.size()) {
-      int blamed = -1;
-      if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
-        failAll(*late, blamed, blamed >= 0);
-      else if (std::optional<Error> orphaned = checkDeparted(ops_[passed], &blamed))
-        failAll(*orphaned, blamed, false);
-    }
-    if (failure_) {
-      // Every op fails, those the stream passed meanwhile too; the waits
-      // are released until the stream has passed them all.
-      releaseWaits();
-      passed = 0;
-      while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
-    }
-    std::exception_ptr error = failure_ ? std::make_exception_ptr(*failure_) : nullptr;
-    for (size_t i = 0; i < passed; ++i) {
-      Op op = std::move(ops_.front());
-      ops_.pop_front();
-      freeEvents_.push_back(op.begin);
-      freeEvents_.push_back(op.end);
-      for (device::EventHandle join : op.joins) freeEvents_.push_back(join);
-      lock.unlock();
-      op.done(error);
-      lock.lock();
-    }
-    if (passed > 0) {
-      changed_.notify_all();
-      if (waitingFor_ >= 0 && !failure_) {  // the late op finished after all
-        transport_->announceWaitingFor(-1);
-        waitingFor_ = -1;
-      }
-    }
-    if (!ops_.empty()) {
-      lock.unlock();
-      std::this_thread::sleep_for(kWatchTurn);
-      lock.lock();
+    try {
+      if (!watchTurn(lock)) return;
+      brokenTurns_ = 0;
+    } catch (const Error& error) {
+      // A device call failed (a broken device or stream): the communicator
+      // fails; ops the device cannot report on any more fail with it.
+      if (!lock.owns_lock()) lock.lock();
+      failAll(
+          Error(error.code(), format("braid rank %d: the device failed: %s", rank_, error.what())),
+          -1, false);
+      if (++brokenTurns_ > 3) abandonOps(lock);
+      std::this_thread::sleep_for(kIdleTurn);
     }
   }
+}
+
+void DeviceExecutor::abandonOps(std::unique_lock<std::mutex>& lock) {
+  while (!ops_.empty()) {
+    Op op = std::move(ops_.front());
+    ops_.pop_front();
+    const Error error = *failure_;
+    lock.unlock();
+    op.done(&error);
+    lock.lock();
+  }
+  changed_.notify_all();
+}
+
+bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
+  if (ops_.empty()) {
+    if (stopping_) return false;
+    changed_.wait_for(lock, kIdleTurn);
+    if (stopping_ && ops_.empty()) return false;
+  }
+  // Which ops the stream has passed, before looking at the side channel:
+  // a peer that gives up says so before its streams write anything more,
+  // so an op seen finished here that used such writes is failed below.
+  size_t passed = 0;
+  while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
+  notices_.clear();
+  transport_->poll(&notices_);
+  // A peer that gave up fails everything here at once. One that left
+  // otherwise (cleanly, or exited, or died) wrote all it ever will: only
+  // an op still missing some of that fails (checkDeparted).
+  for (const transport::PeerNotice& notice : notices_) {
+    if (notice.gaveUp)
+      failAll(peerError(notice), notice.failedRank >= 0 ? notice.failedRank : notice.peer,
+              notice.timedOut);
+    else if (notice.closed)
+      departed_.push_back({notice.peer, notice.goodbye});
+  }
+  if (!failure_ && aborted_.load(std::memory_order_relaxed))
+    failAll(Error(ErrorCode::Aborted,
+                  format("braid rank %d: %s: the communicator was aborted", rank_,
+                         ops_.empty() ? "device ops" : ops_.front().info.describe().c_str())),
+            -1, false);
+  if (!failure_ && passed < ops_.size()) {
+    int blamed = -1;
+    if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
+      failAll(*late, blamed, blamed >= 0);
+    else if (std::optional<Error> orphaned = checkDeparted(ops_[passed], &blamed))
+      failAll(*orphaned, blamed, false);
+  }
+  if (failure_) {
+    // Every op fails, those the stream passed meanwhile too; the waits
+    // are released until the stream has passed them all.
+    releaseWaits();
+    passed = 0;
+    while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
+  }
+  const std::optional<Error> error = failure_;
+  for (size_t i = 0; i < passed; ++i) {
+    Op op = std::move(ops_.front());
+    ops_.pop_front();
+    freeEvents_.push_back(op.begin);
+    freeEvents_.push_back(op.end);
+    for (device::EventHandle join : op.joins) freeEvents_.push_back(join);
+    lock.unlock();
+    op.done(error ? &*error : nullptr);
+    lock.lock();
+  }
+  if (ops_.empty()) {
+    for (std::byte* old : retiredScratch_) device_.free(old);
+    retiredScratch_.clear();
+  }
+  if (passed > 0) {
+    changed_.notify_all();
+    if (waitingFor_ >= 0 && !failure_) {  // the late op finished after all
+      transport_->announceWaitingFor(-1);
+      waitingFor_ = -1;
+    }
+  }
+  if (!ops_.empty()) {
+    lock.unlock();
+    std::this_thread::sleep_for(kWatchTurn);
+    lock.lock();
+  }
+  return true;
 }
 
 }  // namespace braid::exec

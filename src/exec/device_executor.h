@@ -67,8 +67,10 @@ struct DeviceLane {
 
 class DeviceExecutor {
  public:
-  // Called once per op from the watchdog thread: null when it completed.
-  using Done = std::function<void(std::exception_ptr)>;
+  // Called once per op from the watchdog thread: null when it completed,
+  // else its error (each Work makes its own copy: no exception object is
+  // shared between threads).
+  using Done = std::function<void(const Error*)>;
   // Called once, from the thread that first saw it, with the sticky error.
   using OnFailure = std::function<void(const Error&)>;
 
@@ -122,11 +124,15 @@ class DeviceExecutor {
   // gathered for).
   void flushFlags();
   device::StreamHandle sendStream();
-  void ensureScratch(DeviceLane* lanes, size_t count, std::unique_lock<std::mutex>& lock);
+  void ensureScratch(DeviceLane* lanes, size_t count);
   device::EventHandle takeEvent();
 
   // ---- Watchdog (its own thread).
   void watch();
+  // One turn: completes, fails and releases ops; false once it should stop.
+  bool watchTurn(std::unique_lock<std::mutex>& lock);
+  // Completes every op with the failure, without the device (it broke).
+  void abandonOps(std::unique_lock<std::mutex>& lock);
   // Fails every outstanding op with `error` (once), announcing it to the
   // peers; `blamed` and `timedOut` say whom they should name.
   void failAll(const Error& error, int blamed, bool timedOut);
@@ -160,7 +166,9 @@ class DeviceExecutor {
   device::StreamHandle pendingStream_ = nullptr;  // ...for this stream
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   device::StreamHandle lastStream_ = nullptr;
-  std::byte* scratch_ = nullptr;  // device memory shared by ops (they never overlap)
+  std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
+  std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
+  int brokenTurns_ = 0;                     // watchdog turns in a row that a device call failed
   size_t scratchBytes_ = 0;
   std::optional<Error> failure_;                // sticky
   int waitingFor_ = -1;                         // what this rank last told its peers it waits for

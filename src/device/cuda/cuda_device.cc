@@ -6,12 +6,14 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -418,9 +420,11 @@ class CudaDevice final : public Device {
       fail(rc, format("cudaStreamSynchronize(%p)", stream));
   }
 
-  // The event belongs to the calling thread's current device: record it on
-  // that device's streams (any stream may wait for it).
-  EventHandle createEvent() override {
+  // The event belongs to `device`: record it on that device's streams (any
+  // stream may wait for it).
+  EventHandle createEvent(int device) override {
+    checkDevice(device, "createEvent");
+    Scope scope(*this, device);
     cudaEvent_t event = nullptr;
     if (const cudaError_t rc = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         rc != cudaSuccess)
@@ -442,6 +446,13 @@ class CudaDevice final : public Device {
     if (const cudaError_t rc = cudaStreamWaitEvent(streamOf(stream), eventOf(event), 0);
         rc != cudaSuccess)
       fail(rc, format("cudaStreamWaitEvent(stream %p, event %p)", stream, event));
+  }
+
+  bool capturing(StreamHandle stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (const cudaError_t rc = cudaStreamIsCapturing(streamOf(stream), &status); rc != cudaSuccess)
+      fail(rc, format("cudaStreamIsCapturing(%p)", stream));
+    return status != cudaStreamCaptureStatusNone;
   }
 
   bool query(EventHandle event) override {
@@ -539,9 +550,7 @@ class CudaDevice final : public Device {
       fail(driver_, rc,
            format("writeFlagNow(%p, %u, device %d): cuStreamWriteValue32", static_cast<void*>(flag),
                   value, device));
-    if (const cudaError_t done = cudaStreamSynchronize(stream); done != cudaSuccess)
-      fail(done, format("writeFlagNow(%p, %u, device %d): cudaStreamSynchronize",
-                        static_cast<void*>(flag), value, device));
+    finishPrivate(stream, device, "writeFlagNow");
   }
 
   uint32_t readFlagNow(const uint32_t* flag) override {
@@ -706,12 +715,38 @@ class CudaDevice final : public Device {
   void transferNow(int device, void* dst, const void* src, size_t bytes, const char* what) {
     Scope scope(*this, device);
     cudaStream_t stream = privateStream(device);
-    cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
-    if (rc == cudaSuccess) rc = cudaStreamSynchronize(stream);
+    const cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
     if (rc != cudaSuccess)
       fail(rc, format("%s(%zu bytes from %p to %p, device %d): cudaMemcpyAsync", what, bytes, src,
                       dst, device));
+    finishPrivate(stream, device, what);
   }
+
+  // Waits for the private stream, at most kPrivateWait: the device may
+  // schedule it behind streams blocked on flag waits (the hardware has a
+  // bounded number of queues), and the watchdog that calls this to release
+  // them must never hang with them.
+  void finishPrivate(cudaStream_t stream, int device, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + kPrivateWait;
+    for (;;) {
+      const cudaError_t rc = cudaStreamQuery(stream);
+      if (rc == cudaSuccess) return;
+      if (rc != cudaErrorNotReady)
+        fail(rc, format("%s (device %d): cudaStreamQuery", what, device));
+      static_cast<void>(cudaGetLastError());
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(
+            ErrorCode::SystemError,
+            format("braid: cuda device: %s (device %d) did not run within %lld s: more "
+                   "streams may wait on flags than the device has queues (raise "
+                   "CUDA_DEVICE_MAX_CONNECTIONS)",
+                   what, device,
+                   static_cast<long long>(
+                       std::chrono::duration_cast<std::chrono::seconds>(kPrivateWait).count())));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  static constexpr auto kPrivateWait = std::chrono::seconds(10);
 
   CUmemAllocationProp allocationProp(int device) const {
     CUmemAllocationProp prop;

@@ -35,63 +35,61 @@ void storeAndWake(uint32_t* word, uint32_t value) {
   ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// How long one futex sleep lasts before the waiter looks at `stop` again.
+// Raises `word` to `value` (cyclically: a smaller value leaves it) and
+// wakes the waiters: an event's recordings may run out of order.
+void raiseAndWake(uint32_t* word, uint32_t value) {
+  uint32_t seen = load(word);
+  while (
+      !passes(seen, value, Compare::GreaterOrEqual) &&
+      !__atomic_compare_exchange_n(word, &seen, value, false, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+  }
+  ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long one futex sleep lasts: a waiter whose wake-up was lost (it
+// cannot be, but a wait never relies on that) looks again this often.
 constexpr long kWaitSliceNs = 5'000'000;
 
-// Returns once passes(*word, value, compare), or once `stop` is set.
-void waitFor(const uint32_t* word, uint32_t value, Compare compare, const std::atomic<bool>& stop) {
+// Returns once passes(*word, value, compare). Like a GPU's wait, it never
+// gives up: whoever waits for a peer must see the wait released.
+void waitFor(const uint32_t* word, uint32_t value, Compare compare) {
   for (int spin = 0; spin < 128; ++spin) {
     if (passes(load(word), value, compare)) return;
-    __builtin_ia32_pause();
+    cpuRelax();
   }
   const timespec slice{0, kWaitSliceNs};
   for (;;) {
     const uint32_t seen = load(word);
-    if (passes(seen, value, compare) || stop.load(std::memory_order_relaxed)) return;
+    if (passes(seen, value, compare)) return;
     ::syscall(SYS_futex, word, FUTEX_WAIT, seen, &slice, nullptr, 0);
   }
 }
 
-// ---- Kernels.
-
-// dst = fold of the n inputs, element by element, with the CUDA kernels'
-// own element functions (accumulating narrow floats in fp32).
-void foldInputs(const ReduceArgs& args) {
-  cuda::visitReduction(args.type, args.op, [&](auto reduction) {
-    using Reduction = decltype(reduction);
-    using T = typename Reduction::Storage;
-    T* dst = static_cast<T*>(args.dst);
-    const T* srcs[kMaxReduceInputs] = {};
-    for (int k = 0; k < args.inputs; ++k) srcs[k] = static_cast<const T*>(args.srcs[k]);
-    T values[kMaxReduceInputs] = {};
-    for (size_t i = 0; i < args.count; ++i) {
-      for (int k = 0; k < args.inputs; ++k) values[k] = srcs[k][i];
-      dst[i] = Reduction::fold(values, args.inputs);
-    }
-  });
-}
-
 // ---- Streams and events.
 
-// An in-order queue of tasks run by one worker thread.
+// An in-order queue of tasks run by one worker thread. Destroying a stream
+// (retire) returns at once; the work already queued still runs, as on a
+// GPU, and the last task's end frees the stream.
 class Stream {
  public:
   explicit Stream(int device) : device_(device), worker_([this] { run(); }) {}
 
-  // Runs what is queued, except that waits still blocked give up (a
-  // destroyed stream never hangs its owner), then joins the worker.
-  ~Stream() {
-    stopping_.store(true);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      exit_ = true;
-    }
-    changed_.notify_all();
-    worker_.join();
+  void retire() {
+    worker_.detach();  // run() deletes the stream once its queue is empty
+    std::lock_guard<std::mutex> lock(mutex_);
+    retired_ = true;
+    changed_.notify_all();  // under the lock: the stream may be gone once it is released
   }
 
   int device() const { return device_; }
-  const std::atomic<bool>& stopping() const { return stopping_; }
 
   void enqueue(std::function<void()> task) {
     {
@@ -109,11 +107,13 @@ class Stream {
   }
 
  private:
+  ~Stream() = default;  // only run() deletes a stream, after retire()
+
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      changed_.wait(lock, [&] { return !queue_.empty() || exit_; });
-      if (queue_.empty()) return;
+      changed_.wait(lock, [&] { return !queue_.empty() || retired_; });
+      if (queue_.empty()) break;  // retired, and nothing left to run
       std::function<void()> task = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
@@ -122,15 +122,16 @@ class Stream {
       ++completed_;
       changed_.notify_all();
     }
+    lock.unlock();
+    delete this;
   }
 
   const int device_;
-  std::atomic<bool> stopping_{false};
-  std::mutex mutex_;  // guards queue_, enqueued_, completed_, exit_
+  std::mutex mutex_;  // guards queue_, enqueued_, completed_, retired_
   std::condition_variable changed_;
   std::deque<std::function<void()>> queue_;
   uint64_t enqueued_ = 0, completed_ = 0;
-  bool exit_ = false;
+  bool retired_ = false;
   std::thread worker_;  // last: starts once the rest is built
 };
 
@@ -151,6 +152,25 @@ Stream& streamOf(StreamHandle handle) {
 }
 
 EventRef& eventOf(EventHandle handle) { return *static_cast<EventRef*>(handle); }
+
+// ---- Kernels.
+
+// dst = fold of the n inputs, element by element, with the CUDA kernels'
+// own element functions (accumulating narrow floats in fp32).
+void foldInputs(const ReduceArgs& args) {
+  cuda::visitReduction(args.type, args.op, [&](auto reduction) {
+    using Reduction = decltype(reduction);
+    using T = typename Reduction::Storage;
+    T* dst = static_cast<T*>(args.dst);
+    const T* srcs[kMaxReduceInputs] = {};
+    for (int k = 0; k < args.inputs; ++k) srcs[k] = static_cast<const T*>(args.srcs[k]);
+    T values[kMaxReduceInputs] = {};
+    for (size_t i = 0; i < args.count; ++i) {
+      for (int k = 0; k < args.inputs; ++k) values[k] = srcs[k][i];
+      dst[i] = Reduction::fold(values, args.inputs);
+    }
+  });
+}
 
 // ---- The device.
 
@@ -243,23 +263,28 @@ class EmulatedDevice final : public Device {
     checkDevice(device, "createStream");
     return new Stream(device);
   }
-  void destroyStream(StreamHandle stream) override { delete &streamOf(stream); }
+  void destroyStream(StreamHandle stream) override { streamOf(stream).retire(); }
   void synchronize(StreamHandle stream) override { streamOf(stream).synchronize(); }
 
-  EventHandle createEvent() override { return new EventRef(std::make_shared<Event>()); }
+  EventHandle createEvent(int device) override {
+    checkDevice(device, "createEvent");
+    return new EventRef(std::make_shared<Event>());
+  }
+  bool capturing(StreamHandle stream) override {
+    streamOf(stream);
+    return false;  // the emulated device has no graphs
+  }
   void destroyEvent(EventHandle event) override { delete &eventOf(event); }
   void record(EventHandle handle, StreamHandle stream) override {
     EventRef event = eventOf(handle);
     const uint32_t number = __atomic_add_fetch(&event->recorded, 1, __ATOMIC_ACQ_REL);
-    streamOf(stream).enqueue([event, number] { storeAndWake(&event->done, number); });
+    streamOf(stream).enqueue([event, number] { raiseAndWake(&event->done, number); });
   }
   void streamWait(StreamHandle handle, EventHandle eventHandle) override {
     Stream& stream = streamOf(handle);
     EventRef event = eventOf(eventHandle);
     const uint32_t number = __atomic_load_n(&event->recorded, __ATOMIC_ACQUIRE);
-    stream.enqueue([event, number, &stream] {
-      waitFor(&event->done, number, Compare::GreaterOrEqual, stream.stopping());
-    });
+    stream.enqueue([event, number] { waitFor(&event->done, number, Compare::GreaterOrEqual); });
   }
   bool query(EventHandle handle) override {
     const Event& event = *eventOf(handle);
@@ -282,12 +307,12 @@ class EmulatedDevice final : public Device {
     if (count == 0) return;
     Stream& stream = streamOf(handle);
     std::vector<FlagOp> batch(ops, ops + count);
-    stream.enqueue([batch = std::move(batch), &stream] {
+    stream.enqueue([batch = std::move(batch)] {
       for (const FlagOp& op : batch) {
         if (op.kind == FlagOp::Kind::Write)
           storeAndWake(op.flag, op.value);
         else
-          waitFor(op.flag, op.value, op.compare, stream.stopping());
+          waitFor(op.flag, op.value, op.compare);
       }
     });
   }

@@ -10,8 +10,9 @@
 //   advances. A kernel is braid's host reduction (reduce::kernelFor), so
 //   its results are the host path's, bit for bit.
 // - A flag wait is an atomic wait on the flag's word (a futex, valid across
-//   processes on shared memory) that wakes every few milliseconds to notice
-//   its stream being destroyed. A flag write stores and wakes the waiters.
+//   processes on shared memory); like a GPU's it never gives up. A flag
+//   write stores and wakes the waiters. Destroying a stream returns at
+//   once; what was queued on it still runs, as on a GPU.
 //
 // kDevices devices exist; each thread's current device starts at 0. Every
 // device reaches every other one (as if all had peer access).
