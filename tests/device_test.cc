@@ -286,6 +286,89 @@ TEST_P(DeviceTest, GroupsThatReceiveBeforeTheySendDoNotDeadlock) {
         options());
 }
 
+// More one-piece sends to one peer than its FIFO has slots, grouped with
+// receives from both sides: every rank's k-th message on a connection goes
+// out in the same turn, so no send waits for a receive queued behind it.
+TEST_P(DeviceTest, ManySmallGroupedSendsToOnePeerDoNotDeadlock) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank(), dev = deviceOf(comm);
+        const int next = (r + 1) % n, prev = (r + n - 1) % n;
+        TestStream stream(dev);
+        constexpr int kMany = 9;  // more than the 4 slots
+        const size_t count = 1000;
+        std::vector<std::unique_ptr<DeviceBuffer>> out, in;
+        for (int k = 0; k <= kMany; ++k) {
+          std::vector<int32_t> values(count, r * 100 + k);
+          out.push_back(std::make_unique<DeviceBuffer>(dev, count * 4));
+          out.back()->upload(values.data());
+          in.push_back(std::make_unique<DeviceBuffer>(dev, count * 4));
+        }
+        comm.groupStart();
+        for (int k = 0; k < kMany; ++k)
+          comm.send(out[k]->data(), count, DataType::Int32, next, stream.stream());
+        comm.send(out[kMany]->data(), count, DataType::Int32, prev, stream.stream());
+        comm.recv(in[kMany]->data(), count, DataType::Int32, next, stream.stream());
+        for (int k = 0; k < kMany; ++k)
+          comm.recv(in[k]->data(), count, DataType::Int32, prev, stream.stream());
+        comm.groupEnd();
+        stream.synchronize();
+        for (int k = 0; k <= kMany; ++k) {
+          const int from = k == kMany ? next : prev;
+          const std::vector<std::byte> got = in[k]->download();
+          const auto* values = reinterpret_cast<const int32_t*>(got.data());
+          require(values[0] == from * 100 + k && values[count - 1] == from * 100 + k,
+                  format("message %d from rank %d holds %d", k, from, values[0]));
+        }
+      },
+      options());
+}
+
+// Ranks that group differently (a collective grouped with a send on one,
+// alone after the matching receive on the other) do not mix up the data:
+// the receive never takes the collective's message, and the op fails,
+// saying the ranks did not issue the same operations.
+TEST_P(DeviceTest, RanksThatGroupDifferentlyFailInsteadOfMixingData) {
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  RunOptions run = options();
+  run.deadline = std::chrono::seconds(30);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 4096;
+        DeviceBuffer reduced(dev, count * 4), p2p(dev, count * 4);
+        std::string problem;
+        try {
+          if (comm.rank() == 0) {
+            comm.groupStart();
+            comm.send(p2p.data(), count, DataType::Int32, 1, stream.stream());
+            comm.allReduce(reduced.data(), reduced.data(), count, DataType::Int32, ReduceOp::Sum,
+                           stream.stream());
+            comm.groupEnd();
+          } else {
+            comm.recv(p2p.data(), count, DataType::Int32, 0, stream.stream());
+            comm.allReduce(reduced.data(), reduced.data(), count, DataType::Int32, ReduceOp::Sum,
+                           stream.stream());
+          }
+          stream.synchronize();
+          comm.barrier();  // fails once the device op failed
+          problem = "the mismatched ops completed";
+        } catch (const Error& error) {
+          if (comm.rank() == 1 &&
+              std::string(error.what()).find("did not issue the same operations") ==
+                  std::string::npos)
+            problem = std::string("rank 1's error does not name the mismatch: ") + error.what();
+        }
+        stream.synchronize();
+        require(problem.empty(), problem);
+      },
+      run);
+  ::unsetenv("BRAID_TIMEOUT");
+}
+
 // A group that holds a collective and sends, issued in different orders on
 // different ranks (NCCL allows it): both come out right.
 TEST_P(DeviceTest, AGroupOfACollectiveAndSendsMayBeIssuedInAnyOrder) {

@@ -8,8 +8,11 @@
 // memory, written by the receiver's stream). Message k lives in slot
 // k % slots. To send message k a stream waits for credit >= k + 1 - slots,
 // writes the slot (a copy or a reduction kernel straight into the peer's
-// memory) and writes filled = k + 1; to receive it a stream waits for
-// filled >= k + 1, reads the slot and writes credit = k + 1. Every wait is
+// memory), then the slot's tag word (the op's tag) and filled = k + 1; to
+// receive it a stream waits for filled >= k + 1 and for the tag to be its
+// op's, reads the slot and writes credit = k + 1. A message of another op
+// (ranks that issued different operations) so never gets read: the op
+// stays stuck, and the watchdog names the mismatch. Every wait is
 // on this rank's own memory; comparisons are cyclic, so counters wrap.
 //
 // The host keeps `next` per direction (messages enqueued so far): it is
@@ -26,6 +29,7 @@ namespace braid::transport {
 
 struct DeviceFifo {
   std::byte* slots = nullptr;  // the receiver's slots (for a send: mapped from the peer)
+  uint32_t* tags = nullptr;    // per slot, the tag of the op whose message it holds (receiver's)
   uint32_t* filled = nullptr;  // in the receiver's memory
   uint32_t* credit = nullptr;  // in the sender's memory
   uint64_t next = 0;           // messages enqueued on this direction so far (host side)
@@ -73,6 +77,9 @@ class DeviceTransport {
   virtual void announceFailure(int failedRank, bool timedOut) = 0;
   // Tells every peer this rank leaves with all its device work done.
   virtual void sayGoodbye() = 0;
+  // The device broke and its streams may still use the FIFO memory: the
+  // transport leaves it mapped when destroyed (leaked) rather than freed.
+  virtual void keepMemory() = 0;
   // Tells every peer this rank's op is past its deadline waiting for
   // `rank` (-1: no longer), so that a rank waiting for this one can follow
   // the chain of waits to the rank that stopped answering.

@@ -126,6 +126,7 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
     lane.op = op.info.op;
     lane.nranks = nranks;
     lane.pointToPoint = op.pointToPoint;
+    lane.tag = op.tag;
     lane.info = op.info;
     if (std::find(streams.begin(), streams.end(), op.deviceStream) == streams.end())
       streams.push_back(op.deviceStream);

@@ -59,10 +59,21 @@ class Turns {
     }
   }
 
+  // Whether `lane` may lower a piece of `step` now: its directions are its
+  // own (every earlier lane is done with them), and no lane used them yet
+  // in this round. One piece per direction per round keeps every rank's
+  // k-th message on a direction in round k, so a send's credit never waits
+  // for a receive of its own round.
   bool mayRun(size_t lane, const algo::Step& step) const {
-    return (!sends(step.kind) || free(lane, 2 * step.sendPeer)) &&
-           (!receives(step.kind) || free(lane, 2 * step.recvPeer + 1));
+    return (!sends(step.kind) || (free(lane, 2 * step.sendPeer) && !taken(2 * step.sendPeer))) &&
+           (!receives(step.kind) ||
+            (free(lane, 2 * step.recvPeer + 1) && !taken(2 * step.recvPeer + 1)));
   }
+  void ran(const algo::Step& step) {
+    if (sends(step.kind)) used_.push_back(2 * step.sendPeer);
+    if (receives(step.kind)) used_.push_back(2 * step.recvPeer + 1);
+  }
+  void nextRound() { used_.clear(); }
 
  private:
   void note(size_t lane, int key, size_t step) {
@@ -73,6 +84,7 @@ class Turns {
       }
     last_[lane].push_back({key, step});
   }
+  bool taken(int key) const { return std::find(used_.begin(), used_.end(), key) != used_.end(); }
   bool free(size_t lane, int key) const {
     for (size_t other = 0; other < lane; ++other)
       for (const auto& [k, s] : last_[other])
@@ -82,6 +94,7 @@ class Turns {
 
   const DeviceLane* lanes_;
   std::vector<std::vector<std::pair<int, size_t>>> last_;  // (direction, last step) per lane
+  std::vector<int> used_;                                  // directions used in this round
 };
 
 }  // namespace
@@ -115,10 +128,15 @@ DeviceExecutor::~DeviceExecutor() {
   lock.unlock();
   changed_.notify_all();
   watchdog_.join();
-  for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
-  for (std::byte* old : retiredScratch_) device_.free(old);
-  if (scratch_) device_.free(scratch_);
-  if (sends_) device_.destroyStream(sends_);
+  if (abandoned_) return;  // the device broke: its streams may still use what we hold
+  try {
+    for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
+    for (std::byte* old : retiredScratch_) device_.free(old);
+    if (scratch_) device_.free(scratch_);
+    if (sends_) device_.destroyStream(sends_);
+  } catch (const Error& error) {
+    BRAID_WARN(Exec, "device executor: freeing its device resources failed: %s", error.what());
+  }
 }
 
 bool DeviceExecutor::reaches(int peer) const {
@@ -175,9 +193,12 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   Op op;
   op.info = lanes[0].info;
   op.lanes = count;
+  for (size_t i = 0; i < count; ++i) op.tags.push_back(lanes[i].tag);
   // After the previous op, wherever it ran; and after the group's other
   // streams reached this point.
-  if (!ops_.empty() && lastStream_ != stream) device_.streamWait(stream, ops_.back().end);
+  // (Also on the same stream handle: a per-thread default stream has one
+  // handle for many streams.)
+  if (!ops_.empty()) device_.streamWait(stream, ops_.back().end);
   for (size_t s = 1; s < streamCount; ++s) {
     if (streams[s] == stream) continue;
     device::EventHandle join = takeEvent();
@@ -191,11 +212,13 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
     device_.record(op.begin, stream);
     lower(lanes, count, stream, &op);
     device_.record(op.end, stream);
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
     // Part of the op may be on the stream, and the counters moved on: the
     // communicator fails, and the watchdog releases what was enqueued.
-    Error failed(error.code(), format("braid rank %d: %s: enqueueing on the device failed: %s",
-                                      rank_, op.info.describe().c_str(), error.what()));
+    const auto* known = dynamic_cast<const Error*>(&error);
+    Error failed(known ? known->code() : ErrorCode::Internal,
+                 format("braid rank %d: %s: enqueueing on the device failed: %s", rank_,
+                        op.info.describe().c_str(), error.what()));
     failAll(failed, -1, false);
     try {
       device_.record(op.end, stream);
@@ -209,7 +232,6 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   }
   for (size_t s = 1; s < streamCount; ++s)
     if (streams[s] != stream) device_.streamWait(streams[s], op.end);
-  lastStream_ = stream;
   op.done = std::move(done);
   ops_.push_back(std::move(op));
   lock.unlock();
@@ -217,6 +239,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
 }
 
 void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op) {
+  lowering_ = op;
   pendingFlags_.clear();
   pendingStream_ = stream;
   const size_t collectives = static_cast<size_t>(
@@ -274,11 +297,15 @@ void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::Strea
   Turns turns(lanes, count);
   for (bool left = true; left;) {
     left = false;
+    turns.nextRound();
     for (size_t i = 0; i < count; ++i) {
       DeviceLane& lane = lanes[i];
       if (lane.step == lane.plan->steps.size()) continue;
       left = true;
-      if (turns.mayRun(i, lane.plan->steps[lane.step])) lowerPiece(lane, streamOf(lane));
+      const algo::Step& step = lane.plan->steps[lane.step];
+      if (!turns.mayRun(i, step)) continue;
+      turns.ran(step);  // (before lowering: lowerPiece may move to the next step)
+      lowerPiece(lane, streamOf(lane));
     }
   }
 }
@@ -345,8 +372,16 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   std::byte* outSlot = nullptr;
   // The data has arrived; the peer's slot is free again.
   if (in) {
+    const uint64_t slot = in->next % slots_;
     pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1)));
-    inSlot = in->slots + (in->next % slots_) * slotBytes_;
+    pendingFlags_.push_back(FlagOp::wait(in->tags + slot, lane.tag, device::Compare::Equal));
+    inSlot = in->slots + slot * slotBytes_;
+    auto& runs = lowering_->received;
+    if (!runs.empty() && runs.back().peer == step.recvPeer && runs.back().tag == lane.tag &&
+        runs.back().last == in->next)
+      ++runs.back().last;
+    else
+      runs.push_back({step.recvPeer, in->next, in->next + 1, lane.tag});
   }
   if (out) {
     pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
@@ -380,7 +415,10 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
   // Tell the peer its slot is filled, and the sender its slot is free;
   // flushed together with the next piece's waits.
-  if (out) pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
+  if (out) {
+    pendingFlags_.push_back(FlagOp::write(out->tags + out->next % slots_, lane.tag));
+    pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
+  }
   if (in) pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
   lane.done += piece;
   if (lane.done == total) {
@@ -400,6 +438,20 @@ void DeviceExecutor::releaseWaits() {
     device_.writeFlagNow(c->recv.filled, low(c->recv.next));
     device_.writeFlagNow(c->send.credit, low(c->send.next));
   }
+  // And the tags its next messages must carry: the stream is in the first
+  // op it has not passed, at a message of one of that op's runs. (Which
+  // one cannot be read back once both ends released the credit word they
+  // share, so each turn writes the runs in another order: the stuck run's
+  // tags are written last in some turn.)
+  if (ops_.empty()) return;
+  const std::vector<Op::Received>& runs = ops_.front().received;
+  for (size_t j = 0; j < runs.size(); ++j) {
+    const Op::Received& run = runs[(j + releaseTurn_) % runs.size()];
+    transport::DeviceConnection* c = transport_->connection(run.peer);
+    for (uint64_t m = run.first; m < run.last && m < run.first + slots_; ++m)
+      device_.writeFlagNow(c->recv.tags + m % slots_, run.tag);
+  }
+  ++releaseTurn_;
 }
 
 Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
@@ -450,12 +502,30 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
       } else {
         const uint32_t credit = device_.readFlagNow(c->send.credit);
         const auto unread = static_cast<int32_t>(low(target.sent) - credit);
-        if (unread > static_cast<int32_t>(slots_) - 1) {
+        if (unread > static_cast<int32_t>(slots_)) {
           peer = target.peer;
           where = format("waiting for rank %d to take data", peer);
           break;
         }
       }
+    }
+  // Nothing missing, yet stuck: a peer's next message belongs to another
+  // op (the ranks did not issue the same operations).
+  if (peer < 0)
+    for (const Op::Target& target : head.targets) {
+      const transport::DeviceConnection* c = transport_->connection(target.peer);
+      const uint32_t consumed = device_.readFlagNow(c->recv.credit);
+      const uint32_t filled = device_.readFlagNow(c->recv.filled);
+      if (static_cast<int32_t>(filled - consumed) <= 0) continue;
+      const uint32_t tag = device_.readFlagNow(c->recv.tags + consumed % slots_);
+      if (std::find(head.tags.begin(), head.tags.end(), tag) != head.tags.end()) continue;
+      if (!head.graceUntil) head.graceUntil = now;  // no peer to hear from: fail now
+      *blamed = target.peer;
+      return Error(ErrorCode::Internal,
+                   format("braid rank %d: %s on the device: peer %d sent a message of another "
+                          "operation (tag %08x): the ranks did not issue the same operations, or "
+                          "grouped them differently",
+                          rank_, head.info.describe().c_str(), target.peer, tag));
     }
   int culprit = peer;
   if (peer >= 0) {
@@ -493,7 +563,7 @@ std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) 
           static_cast<int32_t>(low(target.received) - device_.readFlagNow(c->recv.filled));
       const auto unread =
           static_cast<int32_t>(low(target.sent) - device_.readFlagNow(c->send.credit));
-      if (missing <= 0 && unread <= static_cast<int32_t>(slots_) - 1) continue;
+      if (missing <= 0 && unread <= static_cast<int32_t>(slots_)) continue;
       *blamed = peer;
       if (goodbye)
         return Error(ErrorCode::RemoteError,
@@ -521,7 +591,11 @@ void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
 void DeviceExecutor::watch() {
   // Queries and host-side flag writes act on the communicator's device
   // (else CUDA would set up a context on device 0 for this thread).
-  device_.setCurrent(deviceIndex_);
+  try {
+    device_.setCurrent(deviceIndex_);
+  } catch (const Error& error) {
+    BRAID_WARN(Exec, "device executor: %s", error.what());
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     try {
@@ -541,6 +615,8 @@ void DeviceExecutor::watch() {
 }
 
 void DeviceExecutor::abandonOps(std::unique_lock<std::mutex>& lock) {
+  abandoned_ = true;
+  transport_->keepMemory();
   while (!ops_.empty()) {
     Op op = std::move(ops_.front());
     ops_.pop_front();
@@ -583,7 +659,7 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
   if (!failure_ && passed < ops_.size()) {
     int blamed = -1;
     if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
-      failAll(*late, blamed, blamed >= 0);
+      failAll(*late, blamed, blamed >= 0 && late->code() == ErrorCode::Timeout);
     else if (std::optional<Error> orphaned = checkDeparted(ops_[passed], &blamed))
       failAll(*orphaned, blamed, false);
   }
@@ -605,7 +681,7 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
     op.done(error ? &*error : nullptr);
     lock.lock();
   }
-  if (ops_.empty()) {
+  if (ops_.empty() && !abandoned_) {
     for (std::byte* old : retiredScratch_) device_.free(old);
     retiredScratch_.clear();
   }

@@ -57,6 +57,7 @@ struct DeviceLane {
   ReduceOp op = ReduceOp::Sum;
   int nranks = 1;             // Avg's divisor
   bool pointToPoint = false;  // a send or a receive, not a collective
+  uint32_t tag = 0;           // carried by every message of the op (see device_transport.h)
   OpInfo info;
 
   // Lowering progress, owned by the executor.
@@ -108,6 +109,15 @@ class DeviceExecutor {
       uint64_t sent;
     };
     std::vector<Target> targets;
+    std::vector<uint32_t> tags;  // of its lanes: what its messages carry
+    // The messages it receives, per peer, as runs of one lane's tag: a
+    // failed op's release answers the tag wait its stream is stuck at.
+    struct Received {
+      int peer;
+      uint64_t first, last;  // message numbers [first, last)
+      uint32_t tag;
+    };
+    std::vector<Received> received;
     Done done;
     std::optional<Clock::time_point> startedAt;   // when the watchdog saw `begin` complete
     std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
@@ -165,10 +175,12 @@ class DeviceExecutor {
   std::vector<device::FlagOp> pendingFlags_;      // lowering: the batch being built...
   device::StreamHandle pendingStream_ = nullptr;  // ...for this stream
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
-  device::StreamHandle lastStream_ = nullptr;
+  Op* lowering_ = nullptr;                        // the op lowerPiece() adds to
+  size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
   int brokenTurns_ = 0;                     // watchdog turns in a row that a device call failed
+  bool abandoned_ = false;  // ops were given up on a broken device: its memory is never freed
   size_t scratchBytes_ = 0;
   std::optional<Error> failure_;                // sticky
   int waitingFor_ = -1;                         // what this rank last told its peers it waits for

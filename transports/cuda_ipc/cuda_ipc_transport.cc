@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "braid/error.h"
@@ -19,6 +20,7 @@ namespace {
 // kSlotsOffset (aligned for 16-byte vector access and then some).
 constexpr size_t kFilledOffset = 0;
 constexpr size_t kCreditOffset = 128;
+constexpr size_t kTagsOffset = 512;  // one word per slot (at most 64 slots)
 constexpr size_t kSlotsOffset = 4096;
 
 // The side channel's one message.
@@ -57,9 +59,19 @@ class CudaIpcTransport final : public DeviceTransport {
 
   ~CudaIpcTransport() override {
     for (Peer& peer : peers_) {
-      if (peer.remote && peer.remote != peer.local) device_.unimport(peer.remote, blockBytes());
-      if (peer.local) device_.free(peer.local);
+      try {
+        if (peer.remote && peer.remote != peer.local) device_.unimport(peer.remote, blockBytes());
+        if (peer.local) device_.free(peer.local);
+      } catch (const Error& error) {  // a broken device: nothing more to do about it
+        BRAID_WARN(Exec, "cuda_ipc: freeing a FIFO block failed: %s", error.what());
+      }
     }
+  }
+
+  // After a broken device was abandoned, streams may still use the blocks:
+  // they stay mapped (leaked) rather than pulled from under them.
+  void keepMemory() override {
+    for (Peer& peer : peers_) peer.local = peer.remote = nullptr;
   }
 
   const char* name() const override { return "cuda_ipc"; }
@@ -88,7 +100,9 @@ class CudaIpcTransport final : public DeviceTransport {
     const std::string& host = bootstrap.table()[rank_].hostId;
     auto local = [&](int r) { return bootstrap.table()[r].hostId == host; };
 
-    UnixListener listener;
+    std::optional<UnixListener> listening;
+    agree(bootstrap, deadline, [&] { listening.emplace(); });
+    UnixListener& listener = *listening;
     std::vector<Advert> adverts(static_cast<size_t>(nranks));
     Advert& mine = adverts[rank_];
     std::memset(&mine, 0, sizeof(mine));
@@ -178,6 +192,8 @@ class CudaIpcTransport final : public DeviceTransport {
       DeviceConnection& c = peer.connection;
       c.peer = r;
       c.recv.slots = peer.local + kSlotsOffset;
+      c.recv.tags = counterAt(peer.local, kTagsOffset);
+      c.send.tags = counterAt(peer.remote, kTagsOffset);
       c.recv.filled = counterAt(peer.local, kFilledOffset);
       c.recv.credit = counterAt(peer.remote, kCreditOffset);
       c.send.slots = peer.remote + kSlotsOffset;
@@ -242,6 +258,9 @@ class CudaIpcTransport final : public DeviceTransport {
     } catch (const Error& error) {
       mine.code = static_cast<int32_t>(error.code());
       std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
+    } catch (const std::exception& error) {
+      mine.code = static_cast<int32_t>(ErrorCode::SystemError);
+      std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
     }
     bootstrap.allGather(all.data(), sizeof(Outcome), deadline);
     for (int r = 0; r < bootstrap.size(); ++r)
@@ -287,11 +306,32 @@ class CudaIpcTransport final : public DeviceTransport {
     }
   }
 
-  // Best effort: a full or closed socket just drops the notice.
+  // A notice, whole: a peer trusts this rank's released streams only
+  // after it heard that this rank gave up. Waits at most kNoticeWait for
+  // room; a channel that takes none is shut, so the peer sees it close.
+  void sendNotice(Peer& peer, const Notice& notice) {
+    const auto* bytes = reinterpret_cast<const char*>(&notice);
+    size_t sent = 0;
+    const auto deadline = net::Clock::now() + kNoticeWait;
+    while (sent < sizeof(notice)) {
+      const ssize_t n = ::send(peer.channel.fd(), bytes + sent, sizeof(notice) - sent,
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      pollfd p{peer.channel.fd(), POLLOUT, 0};
+      if (n < 0 && errno == EAGAIN && ::poll(&p, 1, net::millisecondsUntil(deadline)) > 0) continue;
+      ::shutdown(peer.channel.fd(), SHUT_RDWR);
+      return;
+    }
+  }
+  static constexpr auto kNoticeWait = std::chrono::milliseconds(200);
+
   void tell(const Notice& notice) {
     for (Peer& peer : peers_)
-      if (peer.channel.valid())
-        (void)::send(peer.channel.fd(), &notice, sizeof(notice), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (peer.channel.valid()) sendNotice(peer, notice);
   }
 
   device::Device& device_;

@@ -62,7 +62,7 @@ UnixListener::UnixListener() {
   socklen_t length = 0;
   const sockaddr_un address = addressOf(name_, &length);
   if (::bind(fd_, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
-      ::listen(fd_, 64) != 0) {
+      ::listen(fd_, SOMAXCONN) != 0) {
     const int err = errno;
     ::close(fd_);
     failSys("bind/listen " + name_, err);
