@@ -1,8 +1,8 @@
 # BRAID_CUDA, BRAID_UCX, BRAID_IBVERBS: AUTO uses what is found, ON requires
 # it, OFF skips it. Each resolved choice is printed once and becomes a
-# BRAID_HAVE_<NAME>=0|1 definition that braid-info reports. The device,
-# UCX and verbs code paths that use them are not in this release yet; the
-# detection is here so those land without changing how braid is configured.
+# BRAID_HAVE_<NAME>=0|1 definition that braid-info reports. CUDA builds
+# the CUDA device (src/device/cuda); the UCX and verbs transports that will
+# use the other two are not in this release yet.
 set(BRAID_CUDA AUTO CACHE STRING "CUDA support: AUTO, ON or OFF")
 set(BRAID_UCX AUTO CACHE STRING "UCX transport: AUTO, ON or OFF")
 set(BRAID_IBVERBS AUTO CACHE STRING "InfiniBand verbs transport: AUTO, ON or OFF")
@@ -19,7 +19,11 @@ function(braid_resolve_feature opt found what)
     message(STATUS "braid: ${opt}=OFF: ${what} not built")
   elseif(found)
     set(result 1)
-    message(STATUS "braid: ${opt}=${${opt}}: ${what} found (no code uses it yet)")
+    if(opt STREQUAL "BRAID_CUDA")
+      message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the CUDA device")
+    else()
+      message(STATUS "braid: ${opt}=${${opt}}: ${what} found (no code uses it yet)")
+    endif()
   elseif(${opt} STREQUAL "ON")
     message(FATAL_ERROR "braid: ${opt}=ON but ${what} was not found")
   else()

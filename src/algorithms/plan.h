@@ -32,6 +32,16 @@ enum class StepKind : uint8_t {
   Reduce,              // (dst op src) -> dst, locally
 };
 
+// Whether a step of `kind` reads a message from recvPeer / posts one to
+// sendPeer.
+inline bool receives(StepKind kind) {
+  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
+}
+inline bool sends(StepKind kind) {
+  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
+}
+
 struct Step {
   StepKind kind = StepKind::Copy;
   // The step produces final values: apply the op's finalize (Avg divides).

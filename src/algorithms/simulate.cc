@@ -31,13 +31,6 @@ struct SimRank {
   }
 };
 
-bool receives(StepKind kind) {
-  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
-}
-bool sends(StepKind kind) {
-  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
-}
 bool writes(StepKind kind) { return kind != StepKind::Send && kind != StepKind::RecvReduceSend; }
 bool reduces(StepKind kind) {
   return kind == StepKind::RecvReduceSend || kind == StepKind::RecvReduceCopy ||

@@ -13,16 +13,9 @@
 namespace braid::exec {
 namespace {
 
+using algo::receives;
+using algo::sends;
 using algo::StepKind;
-
-bool receives(StepKind kind) {
-  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
-}
-
-bool sends(StepKind kind) {
-  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
-}
 
 std::byte* bufferOf(const Lane& lane, algo::Buffer buffer) {
   switch (buffer) {

@@ -9,17 +9,10 @@
 namespace braid::exec {
 namespace {
 
+using algo::receives;
+using algo::sends;
 using algo::StepKind;
 using device::FlagOp;
-
-bool receives(StepKind kind) {
-  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
-}
-
-bool sends(StepKind kind) {
-  return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
-}
 
 std::byte* bufferOf(const DeviceLane& lane, algo::Buffer buffer) {
   switch (buffer) {
