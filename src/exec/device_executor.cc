@@ -166,16 +166,14 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_) throw *failure_;
   for (size_t i = 0; i < count; ++i)
-    for (const algo::Step& step : lanes[i].plan->steps) {
-      const int peer = sends(step.kind) ? step.sendPeer : receives(step.kind) ? step.recvPeer : -1;
-      const int other = sends(step.kind) && receives(step.kind) ? step.recvPeer : peer;
-      for (int p : {peer, other})
-        if (p >= 0 && !reaches(p))
+    for (const algo::Step& step : lanes[i].plan->steps)
+      for (int peer :
+           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1})
+        if (peer >= 0 && !reaches(peer))
           fail(ErrorCode::InvalidUsage, rank_,
                format("%s: device buffers reach only peers on this host (cuda_ipc), and rank %d "
                       "is on another host",
-                      lanes[i].info.describe().c_str(), p));
-    }
+                      lanes[i].info.describe().c_str(), peer));
   // Collectives first, in issue order (the same on every rank), then the
   // point-to-point ops, whose order only matters per peer and direction.
   std::stable_partition(lanes, lanes + count,
@@ -187,10 +185,9 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   op.info = lanes[0].info;
   op.lanes = count;
   for (size_t i = 0; i < count; ++i) op.tags.push_back(lanes[i].tag);
-  // After the previous op, wherever it ran; and after the group's other
-  // streams reached this point.
-  // (Also on the same stream handle: a per-thread default stream has one
-  // handle for many streams.)
+  // After the previous op, wherever it ran (also on the same handle: a
+  // per-thread default stream is one handle for many streams), and after
+  // the group's other streams reached this point.
   if (!ops_.empty()) device_.streamWait(stream, ops_.back().end);
   for (size_t s = 1; s < streamCount; ++s) {
     if (streams[s] == stream) continue;
