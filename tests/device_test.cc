@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/introspect.h"
 #include "device_support.h"
 #include "multirank.h"
 #include "reference.h"
@@ -216,6 +217,43 @@ TEST_P(DeviceTest, EveryAllReduceAlgorithmMatchesTheReferenceAt3And4Ranks) {
             {1, 1023, std::string(algo) == "oneshot" ? size_t{4096} : (size_t{1} << 16) + 3});
   }
   ::unsetenv("BRAID_ALGO");
+}
+
+// Ranks on different devices of the host (Config::device), reaching each
+// other's FIFOs through peer access: every collective still matches.
+TEST_P(DeviceTest, RanksOnDifferentDevicesMatchTheReference) {
+  RunOptions run = options();
+  const std::string backend = GetParam();
+  run.enter = [backend](int rank) {
+    device::select(backend);
+    device::Device* device = device::current();
+    if (device && device->count() > 1) device->setCurrent(rank % device->count());
+  };
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        require(comm.device() == device::current()->current(),
+                format("the communicator's device is %d, the current one %d", comm.device(),
+                       device::current()->current()));
+        const int devices = device::current()->count();
+        const std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
+        for (int peer = 0; peer < comm.size(); ++peer)
+          if (peer != comm.rank() && devices > 1)
+            require(
+                paths[peer] == (peer % devices == comm.rank() % devices ? "cuda_ipc: same device"
+                                                                        : "cuda_ipc: peer access"),
+                format("rank %d is reached by '%s'", peer, paths[peer].c_str()));
+        TestStream stream(deviceOf(comm));
+        uint64_t seed = 7;
+        for (Coll coll : kAllColls)
+          for (DataType type : {DataType::Int32, DataType::BFloat16})
+            for (size_t count : {size_t{1}, size_t{1023}, (size_t{1} << 16) + 3}) {
+              const std::string problem =
+                  runCase(comm, stream, {coll, type, ReduceOp::Sum, count, false, 1}, ++seed);
+              require(problem.empty(), problem);
+            }
+      },
+      run);
 }
 
 // ---- Send and receive.
