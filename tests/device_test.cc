@@ -256,6 +256,41 @@ TEST_P(DeviceTest, RanksOnDifferentDevicesMatchTheReference) {
       run);
 }
 
+// Devices without peer access (BRAID_EMULATED_PEER_ACCESS=0 on the
+// emulated device): the FIFOs between them are staged through host memory,
+// and every collective still matches.
+TEST_P(DeviceTest, DevicesWithoutPeerAccessStageThroughHostMemory) {
+  const bool emulated = std::string(GetParam()) == "emulated";
+  ::setenv("BRAID_EMULATED_PEER_ACCESS", "0", 1);
+  RunOptions run = options();
+  const std::string backend = GetParam();
+  run.enter = [backend](int rank) {
+    device::select(backend);
+    device::Device* device = device::current();
+    if (device && device->count() > 1) device->setCurrent(rank % 2);
+  };
+  runRanks(
+      3,
+      [emulated](Communicator& comm) {
+        const std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
+        for (int peer = 0; peer < comm.size() && emulated; ++peer)
+          if (peer % 2 != comm.rank() % 2)
+            require(paths[peer] == "cuda_ipc: staged through host memory",
+                    format("rank %d is reached by '%s'", peer, paths[peer].c_str()));
+        TestStream stream(deviceOf(comm));
+        uint64_t seed = 11;
+        for (Coll coll : kAllColls)
+          for (DataType type : {DataType::Float32, DataType::Int8})
+            for (size_t count : {size_t{7}, (size_t{1} << 16) + 3}) {
+              const std::string problem =
+                  runCase(comm, stream, {coll, type, ReduceOp::Max, count, true, 2}, ++seed);
+              require(problem.empty(), problem);
+            }
+      },
+      run);
+  ::unsetenv("BRAID_EMULATED_PEER_ACCESS");
+}
+
 // ---- Send and receive.
 
 TEST_P(DeviceTest, GroupedSendsAndReceivesToEveryPeerAt3Ranks) {

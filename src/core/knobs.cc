@@ -35,6 +35,10 @@ const std::vector<KnobInfo>& knobTable() {
        "bytes per FIFO slot of a device connection (cuda_ipc); a step's piece is at most this",
        nullptr},
       {"BRAID_DEVICE_SLOTS", "int", "4", "slots per FIFO of a device connection", nullptr},
+      {"BRAID_EMULATED_PEER_ACCESS", "int", "1",
+       "0: the emulated device's devices do not reach each other (FIFOs between them are then "
+       "staged through host memory, as between GPUs without peer access)",
+       nullptr},
       {"BRAID_ONESHOT_BYTES", "bytes", "4K",
        "with BRAID_TUNING=fixed, all-reduces up to this size send every input to every rank "
        "(one hop; max 64K)",

@@ -89,7 +89,8 @@ class Device {
   // (exportFd), zero-filled. Throws Error(SystemError) naming the size and
   // the device when it cannot.
   virtual void* allocate(int device, size_t bytes) = 0;
-  // Frees memory from allocate(). No enqueued operation may still use it.
+  // Frees memory from allocate() or allocateHost(). No enqueued operation
+  // may still use it.
   virtual void free(void* base) = 0;
   // A new file descriptor for the allocation at `base` (the caller owns
   // it), for another process's import(). Throws Error(SystemError).
@@ -98,8 +99,17 @@ class Device {
   // this process, usable by `device`. The fd stays the caller's. Throws
   // Error(SystemError).
   virtual void* import(int fd, size_t bytes, int device) = 0;
-  // Unmaps memory from import().
+  // Unmaps memory from import() or importHost().
   virtual void unimport(void* base, size_t bytes) = 0;
+  // `bytes` of zero-filled, page-locked host memory that kernels and
+  // stream memory operations of every device of this process can use,
+  // exported and freed like allocate()'s (exportFd, free): where two GPUs
+  // have no peer access, the FIFOs between them are staged here. deviceOf()
+  // calls it host memory (-1). Throws Error(SystemError).
+  virtual void* allocateHost(size_t bytes) = 0;
+  // Maps another process's allocateHost() memory (its exported fd) the
+  // same way. The fd stays the caller's. Throws Error(SystemError).
+  virtual void* importHost(int fd, size_t bytes) = 0;
   // The device that holds `pointer`, or -1 for host memory. Cached: cheap
   // for a pointer asked about before.
   virtual int deviceOf(const void* pointer) = 0;

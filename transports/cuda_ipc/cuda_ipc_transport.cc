@@ -41,7 +41,7 @@ struct Advert {
 struct BlockInfo {
   uint64_t bytes;
   int32_t device;
-  int32_t pad;
+  int32_t host;  // 1: staging memory in host memory (allocateHost)
 };
 
 uint32_t* counterAt(std::byte* block, size_t offset) {
@@ -88,6 +88,7 @@ class CudaIpcTransport final : public DeviceTransport {
     const Peer& p = peers_[static_cast<size_t>(peer)];
     if (!p.local) return "none (another host)";
     if (peer == rank_) return "self";
+    if (p.staged || p.remoteStaged) return "staged through host memory";
     return p.device == myDevice_ ? "same device" : "peer access";
   }
 
@@ -117,12 +118,12 @@ class CudaIpcTransport final : public DeviceTransport {
         if (!local(r)) continue;
         Peer& peer = peers_[r];
         peer.device = adverts[r].device;
-        if (r != rank_ && !device_.canAccessPeer(deviceIndex, peer.device))
-          throw Error(ErrorCode::InvalidUsage,
-                      format("device %d cannot reach device %d of rank %d (no peer access "
-                             "between them; staging through host memory is not supported yet)",
-                             deviceIndex, peer.device, r));
-        peer.local = static_cast<std::byte*>(device_.allocate(deviceIndex, blockBytes()));
+        // Without peer access between the two devices, this rank's block
+        // for the peer is page-locked host memory that both reach.
+        peer.staged = r != rank_ && !device_.canAccessPeer(deviceIndex, peer.device);
+        peer.local =
+            static_cast<std::byte*>(peer.staged ? device_.allocateHost(blockBytes())
+                                                : device_.allocate(deviceIndex, blockBytes()));
       }
       for (int r = rank_ + 1; r < nranks; ++r)
         if (local(r)) {
@@ -150,7 +151,7 @@ class CudaIpcTransport final : public DeviceTransport {
         Peer& peer = peers_[r];
         if (!peer.channel.valid()) continue;
         const int fd = device_.exportFd(peer.local);
-        const BlockInfo info{blockBytes(), deviceIndex, 0};
+        const BlockInfo info{blockBytes(), deviceIndex, peer.staged ? 1 : 0};
         try {
           sendWithFd(peer.channel, &info, sizeof(info), fd, deadline, who(r));
         } catch (...) {
@@ -176,7 +177,10 @@ class CudaIpcTransport final : public DeviceTransport {
                              r, static_cast<unsigned long long>(info.bytes), blockBytes()));
         }
         try {
-          peer.remote = static_cast<std::byte*>(device_.import(fd, blockBytes(), deviceIndex));
+          peer.remoteStaged = info.host != 0;
+          peer.remote = static_cast<std::byte*>(
+              peer.remoteStaged ? device_.importHost(fd, blockBytes())
+                                : device_.import(fd, blockBytes(), deviceIndex));
         } catch (...) {
           ::close(fd);
           throw;
@@ -227,7 +231,9 @@ class CudaIpcTransport final : public DeviceTransport {
     std::byte* local = nullptr;   // this rank's block for the peer
     std::byte* remote = nullptr;  // the peer's block for this rank, mapped
     int device = -1;
-    net::Socket channel;  // none for this rank itself and other hosts
+    bool staged = false;        // `local` is host memory (no peer access between the devices)
+    bool remoteStaged = false;  // so is `remote`
+    net::Socket channel;        // none for this rank itself and other hosts
     DeviceConnection connection;
     bool reported = false;  // its closing was reported by poll()
     bool goodbye = false;

@@ -7,8 +7,10 @@
 // that peer. The block is exported as a file descriptor (cuMem's POSIX
 // handle, or the emulated device's memfd), passed to the peer over a
 // Unix-domain socket authenticated with the job secret (SCM_RIGHTS), and
-// mapped there. Any number of ranks may share one GPU; ranks on different
-// GPUs need peer access between them. The sockets stay open as a side
+// mapped there. Any number of ranks may share one GPU; ranks on GPUs
+// with peer access write into each other's device memory, and between GPUs
+// without it the blocks are page-locked host memory both reach (staging:
+// kernels write and read it across PCIe). The sockets stay open as a side
 // channel: a peer that dies closes them, and a peer that gives up says
 // whom it blames on them first.
 #pragma once
@@ -24,8 +26,8 @@ namespace braid::transport::cuda_ipc {
 // Collective over the communicator. Connects this rank to every peer on
 // its host (and to itself); peers on other hosts get no connection. When
 // any rank cannot (no device memory, no peer access between two devices,
-// a socket that fails), every rank throws the same Error naming that rank:
-// InvalidUsage for a missing peer access, else the failure's own code.
+// a socket that fails), every rank throws the same Error naming that rank,
+// with the failure's own code.
 std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
                                         int deviceIndex, size_t slotBytes, int slots,
                                         net::Deadline deadline);

@@ -4,8 +4,11 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -275,8 +278,49 @@ class CudaDevice final : public Device {
     return pointer;
   }
 
+  // ---- Host memory for staging: a memfd mapped shared, registered with
+  // CUDA (portable: every context; mapped: kernels and stream memory
+  // operations use it through unified addressing).
+
+  void* allocateHost(size_t bytes) override {
+    const size_t size = roundUp(bytes, static_cast<size_t>(::sysconf(_SC_PAGESIZE)),
+                                format("allocateHost(%zu bytes)", bytes));
+    const int fd = ::memfd_create("braid-staging", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      throw Error(ErrorCode::SystemError, format("braid: cuda device: allocateHost(%zu bytes): %s",
+                                                 bytes, std::strerror(err)));
+    }
+    void* base = mapHost(fd, size, "allocateHost");
+    if (!base) {
+      ::close(fd);
+      throw Error(ErrorCode::SystemError,
+                  format("braid: cuda device: allocateHost(%zu bytes): mmap failed", bytes));
+    }
+    remember(addressOf(base), Mapping{size, -1, /*imported=*/false, 0, fd});
+    return base;
+  }
+
+  void* importHost(int fd, size_t bytes) override {
+    const size_t size = roundUp(bytes, static_cast<size_t>(::sysconf(_SC_PAGESIZE)),
+                                format("importHost(%zu bytes)", bytes));
+    void* base = mapHost(fd, size, "importHost");
+    if (!base)
+      throw Error(
+          ErrorCode::SystemError,
+          format("braid: cuda device: importHost(fd %d, %zu bytes): mmap failed", fd, bytes));
+    remember(addressOf(base), Mapping{size, -1, /*imported=*/true, 0, -1});
+    return base;
+  }
+
   void free(void* base) override {
     const Mapping mapping = forget(base, /*imported=*/false, "free");
+    if (mapping.device < 0) {
+      unmapHost(base, mapping.bytes);
+      ::close(mapping.hostFd);
+      return;
+    }
     Scope scope(*this, mapping.device);
     const char* call = nullptr;
     CUresult rc = unmap(addressOf(base), mapping.bytes, &call);
@@ -301,6 +345,13 @@ class CudaDevice final : public Device {
                            "allocate()",
                            base));
       mapping = it->second;
+    }
+    if (mapping.device < 0) {  // staging memory: its memfd
+      const int copy = ::fcntl(mapping.hostFd, F_DUPFD_CLOEXEC, 0);
+      if (copy < 0)
+        throw Error(ErrorCode::SystemError, format("braid: cuda device: exportFd(%p): dup: %s",
+                                                   base, std::strerror(errno)));
+      return copy;
     }
     int fd = -1;
     const CUresult rc = driver_.memExportToShareableHandle(
@@ -347,6 +398,7 @@ class CudaDevice final : public Device {
   void unimport(void* base, size_t bytes) override {
     static_cast<void>(bytes);  // the record has the mapped length
     const Mapping mapping = forget(base, /*imported=*/true, "unimport");
+    if (mapping.device < 0) return unmapHost(base, mapping.bytes);
     Scope scope(*this, mapping.device);
     const char* call = nullptr;
     if (const CUresult rc = unmap(addressOf(base), mapping.bytes, &call); rc != CUDA_SUCCESS)
@@ -576,9 +628,10 @@ class CudaDevice final : public Device {
   // One of braid's mappings: memory from allocate() or import().
   struct Mapping {
     size_t bytes = 0;  // mapped length (rounded up to the granularity)
-    int device = -1;
+    int device = -1;   // -1: host memory (allocateHost, importHost)
     bool imported = false;
     CUmemGenericAllocationHandle handle = 0;  // allocate(): for exportFd and free; 0 for imports
+    int hostFd = -1;                          // allocateHost(): the memfd behind it
   };
   // A foreign allocation's range, as the driver reported it.
   struct Range {
@@ -747,6 +800,28 @@ class CudaDevice final : public Device {
     }
   }
   static constexpr auto kPrivateWait = std::chrono::seconds(10);
+
+  // Maps `size` bytes of the memfd `fd` and registers them; nullptr when
+  // mmap fails. Throws when registering does.
+  void* mapHost(int fd, size_t size, const char* what) {
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return nullptr;
+    Scope scope(*this, current());
+    if (const cudaError_t rc =
+            cudaHostRegister(base, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        rc != cudaSuccess) {
+      ::munmap(base, size);
+      fail(rc, format("%s: cudaHostRegister(%zu bytes, portable, mapped)", what, size));
+    }
+    return base;
+  }
+
+  void unmapHost(void* base, size_t size) {
+    Scope scope(*this, current());
+    const cudaError_t rc = cudaHostUnregister(base);
+    ::munmap(base, size);
+    if (rc != cudaSuccess) fail(rc, format("cudaHostUnregister(%p, %zu bytes)", base, size));
+  }
 
   CUmemAllocationProp allocationProp(int device) const {
     CUmemAllocationProp prop;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/knobs.h"
 #include "device/cuda/element_ops.h"
 #include "reduce/reduce.h"
 
@@ -184,11 +185,22 @@ class EmulatedDevice final : public Device {
     current_ = device;
   }
   bool canAccessPeer(int device, int peer) const override {
-    return device >= 0 && device < kDevices && peer >= 0 && peer < kDevices;
+    return device >= 0 && device < kDevices && peer >= 0 && peer < kDevices &&
+           (device == peer || peerAccess_);
   }
 
   void* allocate(int device, size_t bytes) override {
     checkDevice(device, "allocate");
+    return allocateOn(device, bytes);
+  }
+
+  // Host memory is made the same way; only its registered device (-1,
+  // host) differs, so that the code that stages through it runs here too.
+  void* allocateHost(size_t bytes) override { return allocateOn(-1, bytes); }
+
+  void* importHost(int fd, size_t bytes) override { return importOn(fd, bytes, -1); }
+
+  void* allocateOn(int device, size_t bytes) {
     const size_t length = pageRounded(bytes);
     const int fd = ::memfd_create("braid-emulated-device", MFD_CLOEXEC);
     if (fd < 0) failMemory("memfd_create", bytes, device, errno);
@@ -234,6 +246,10 @@ class EmulatedDevice final : public Device {
 
   void* import(int fd, size_t bytes, int device) override {
     checkDevice(device, "import");
+    return importOn(fd, bytes, device);
+  }
+
+  void* importOn(int fd, size_t bytes, int device) {
     const size_t length = pageRounded(bytes);
     void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) failMemory("import: mmap", bytes, device, errno);
@@ -395,6 +411,9 @@ class EmulatedDevice final : public Device {
   }
 
   static thread_local int current_;
+  // BRAID_EMULATED_PEER_ACCESS=0: devices do not reach each other, as GPUs
+  // on different PCIe roots without NVLink.
+  const bool peerAccess_ = knobText("BRAID_EMULATED_PEER_ACCESS") != "0";
   std::mutex mutex_;  // guards allocations_
   std::map<uintptr_t, Allocation> allocations_;
   std::atomic<size_t> count_{0};  // allocations_.size(), read without the lock
