@@ -211,6 +211,12 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
                         op.info.describe().c_str(), error.what()));
     failAll(failed, -1, false);
     try {
+      if (sends_) {  // part of a group's sends may be there: the end waits for them too
+        device::EventHandle join = takeEvent();
+        op.joins.push_back(join);
+        device_.record(join, sends_);
+        device_.streamWait(stream, join);
+      }
       device_.record(op.end, stream);
       op.done = [](const Error*) {};  // the caller completes the op's Work with the throw
       ops_.push_back(std::move(op));

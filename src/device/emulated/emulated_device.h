@@ -15,7 +15,8 @@
 //   once; what was queued on it still runs, as on a GPU.
 //
 // kDevices devices exist; each thread's current device starts at 0. Every
-// device reaches every other one (as if all had peer access).
+// device reaches every other one (as if all had peer access), unless
+// BRAID_EMULATED_PEER_ACCESS=0 says none does.
 #pragma once
 
 #include <memory>
