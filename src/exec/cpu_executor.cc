@@ -17,18 +17,6 @@ using algo::receives;
 using algo::sends;
 using algo::StepKind;
 
-std::byte* bufferOf(const Lane& lane, algo::Buffer buffer) {
-  switch (buffer) {
-    case algo::Buffer::Input:
-      return const_cast<std::byte*>(lane.input);
-    case algo::Buffer::Output:
-      return lane.output;
-    case algo::Buffer::Scratch:
-      return lane.scratch;
-  }
-  return nullptr;
-}
-
 // An idle executor first spins (the peer is usually a few hundred
 // nanoseconds away), then spins yielding its core (the peer may need it),
 // then sleeps in the transports. The longest single sleep bounds how late

@@ -38,6 +38,21 @@ struct OpInfo {
   std::string describe() const;
 };
 
+// The memory a step names, for a lane of either executor (Lane,
+// DeviceLane): its input, output or scratch area.
+template <typename AnyLane>
+std::byte* bufferOf(const AnyLane& lane, algo::Buffer buffer) {
+  switch (buffer) {
+    case algo::Buffer::Input:
+      return const_cast<std::byte*>(lane.input);
+    case algo::Buffer::Output:
+      return lane.output;
+    case algo::Buffer::Scratch:
+      return lane.scratch;
+  }
+  return nullptr;
+}
+
 struct Lane {
   const algo::Plan* plan = nullptr;
   const std::byte* input = nullptr;

@@ -14,18 +14,6 @@ using algo::sends;
 using algo::StepKind;
 using device::FlagOp;
 
-std::byte* bufferOf(const DeviceLane& lane, algo::Buffer buffer) {
-  switch (buffer) {
-    case algo::Buffer::Input:
-      return const_cast<std::byte*>(lane.input);
-    case algo::Buffer::Output:
-      return lane.output;
-    case algo::Buffer::Scratch:
-      return lane.scratch;
-  }
-  return nullptr;
-}
-
 size_t scratchOf(const DeviceLane& lane) {
   return (std::max(algo::kScratchBytes, lane.plan->scratchBytes) + 255) / 256 * 256;
 }
@@ -183,7 +171,6 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   const device::StreamHandle stream = streams[0];
   Op op;
   op.info = lanes[0].info;
-  op.lanes = count;
   for (size_t i = 0; i < count; ++i) op.tags.push_back(lanes[i].tag);
   // After the previous op, wherever it ran (also on the same handle: a
   // per-thread default stream is one handle for many streams), and after

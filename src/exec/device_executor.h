@@ -82,7 +82,6 @@ class DeviceExecutor {
   // deadline), tells the peers this rank leaves, and frees everything.
   ~DeviceExecutor();
 
-  int device() const { return deviceIndex_; }
   const transport::DeviceTransport& transport() const { return *transport_; }
   // Whether device ops can reach `peer` (a same-host rank).
   bool reaches(int peer) const;
@@ -98,7 +97,6 @@ class DeviceExecutor {
  private:
   struct Op {
     OpInfo info;
-    size_t lanes = 1;
     device::EventHandle begin = nullptr;     // the stream reached the op
     device::EventHandle end = nullptr;       // the stream passed it
     std::vector<device::EventHandle> joins;  // other streams' events of a group
