@@ -206,10 +206,13 @@ class Checker {
 
 // ---------------------------------------------------------------- Work
 
-void Work::State::complete(std::exception_ptr failure) {
+void Work::State::complete(const Error* failure) {
   {
     std::lock_guard<std::mutex> lock(mutex);
-    error = std::move(failure);
+    if (failure) {
+      errorCode = failure->code();
+      errorMessage = failure->what();
+    }
     finished = true;
   }
   done.notify_all();
@@ -228,7 +231,7 @@ void Work::wait() const {
     throw Error(ErrorCode::InvalidUsage,
                 "braid: wait() on an op of a group that has not ended: call groupEnd() first");
   state_->done.wait(lock, [&] { return state_->finished; });
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->errorCode) throw Error(*state_->errorCode, state_->errorMessage);
 }
 
 // ---------------------------------------------------------------- Impl
@@ -293,9 +296,8 @@ Communicator::Impl::~Impl() {
   diagnose::remove(this);
   deviceExecutor.reset();  // waits for the device work in flight
   if (!group.empty())
-    dropGroup(std::make_exception_ptr(
-        Error(ErrorCode::Aborted,
-              format("braid rank %d: the communicator was destroyed inside a group", rank))));
+    dropGroup(Error(ErrorCode::Aborted,
+                    format("braid rank %d: the communicator was destroyed inside a group", rank)));
   {
     std::lock_guard<std::mutex> lock(queueMutex);
     stopping = true;
@@ -361,13 +363,13 @@ void Communicator::Impl::giveUp(int blamed) {
     transport->announceFailure(blamed, executor->blamedTimedOut());
 }
 
-void Communicator::Impl::dropGroup(std::exception_ptr error) {
+void Communicator::Impl::dropGroup(const Error& error) {
   for (PendingOp& op : group) {
     {
       std::lock_guard<std::mutex> lock(op.work->mutex);
       op.work->inOpenGroup = false;
     }
-    op.work->complete(error);
+    op.work->complete(&error);
   }
   group.clear();
 }
@@ -611,17 +613,17 @@ void Communicator::groupEnd() {
   if (--impl.groupDepth > 0 || impl.group.empty()) return;
   try {
     impl.throwIfFailed();
-  } catch (const Error&) {
-    impl.dropGroup(std::current_exception());  // no Work may wait forever
+  } catch (const Error& error) {
+    impl.dropGroup(error);  // no Work may wait forever
     throw;
   }
   std::vector<PendingOp> ops = std::move(impl.group);
   impl.group.clear();
   try {
     for (PendingOp& op : ops) impl.resolvePlan(op, true);
-  } catch (const Error&) {
+  } catch (const Error& error) {
     impl.group = std::move(ops);
-    impl.dropGroup(std::current_exception());
+    impl.dropGroup(error);
     throw;
   }
   for (PendingOp& op : ops) {
@@ -635,9 +637,9 @@ void Communicator::groupEnd() {
   if (firstHost != ops.begin()) {
     try {
       impl.executeOnDevice(ops.data(), static_cast<size_t>(firstHost - ops.begin()));
-    } catch (const Error&) {
+    } catch (const Error& error) {
       impl.group.assign(std::make_move_iterator(firstHost), std::make_move_iterator(ops.end()));
-      impl.dropGroup(std::current_exception());
+      impl.dropGroup(error);
       throw;
     }
     ops.erase(ops.begin(), firstHost);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,9 +29,13 @@ struct Work::State {
   std::condition_variable done;
   bool finished = false;
   bool inOpenGroup = false;  // issued inside a group that has not ended yet
-  std::exception_ptr error;
+  // The failure, as plain values: wait() throws an Error of its own, so
+  // no exception object is shared by the thread that completes an op and
+  // the threads that wait for it.
+  std::optional<ErrorCode> errorCode;
+  std::string errorMessage;
 
-  void complete(std::exception_ptr failure);
+  void complete(const Error* failure);
 };
 
 // One issued operation, bound to its buffers, waiting to run.
@@ -108,7 +113,7 @@ struct Communicator::Impl {
   bool gaveUp = false;  // touched only by the thread that runs ops
   // Completes the Work of every op of the open group with `error` and
   // forgets them.
-  void dropGroup(std::exception_ptr error);
+  void dropGroup(const Error& error);
 
   const int rank;
   const int nranks;

@@ -80,7 +80,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.info = &op.info;
   }
   if (executor->usesReferences()) findRegions(ops, lanes, count);
-  std::exception_ptr failure;
+  std::optional<Error> failure;
   try {
     throwIfFailed();
     executor->run(lanes, count, knobs.timeout, aborted);
@@ -89,18 +89,17 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
       diagnose::report(*this, "timed out");
     recordFailure(error);
     giveUp(executor->blamedRank());
-    failure = std::current_exception();
+    failure = error;
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
-    Error internal(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
-                                               ops[0].info.describe().c_str(), error.what()));
-    recordFailure(internal);
+    failure = Error(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
+                                                ops[0].info.describe().c_str(), error.what()));
+    recordFailure(*failure);
     giveUp(-1);
-    failure = std::make_exception_ptr(internal);
   }
   if (failure) {
     for (size_t i = 0; i < count; ++i)
-      if (ops[i].work) ops[i].work->complete(failure);
-    std::rethrow_exception(failure);
+      if (ops[i].work) ops[i].work->complete(&*failure);
+    throw *failure;
   }
   uint64_t completed = completedSeq.load(std::memory_order_relaxed);
   for (size_t i = 0; i < count; ++i) {
@@ -143,7 +142,7 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
       }
     }
     for (const auto& work : works)
-      if (work) work->complete(error ? std::make_exception_ptr(*error) : nullptr);
+      if (work) work->complete(error);
   };
   try {
     throwIfFailed();
