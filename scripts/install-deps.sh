@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: scripts/fuzz.sh
+  clang libclang-rt-14-dev  # clang and its libFuzzer runtime: scripts/fuzz.sh
+  python3-torch libtorch-dev pybind11-dev python3-dev)  # integrations/torch, for /usr/bin/python3
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,15 @@
+// braid_torch._C: the creator torch.distributed calls for backend "braid".
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "braid's torch.distributed backend";
+  // Blocks until every rank of the group has met: the GIL is released so
+  // other Python threads run meanwhile.
+  m.def("create_process_group", &braid::torch_backend::createProcessGroup, pybind11::arg("store"),
+        pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.attr("TORCH_VERSION_BUILT_WITH") = TORCH_VERSION;
+}

@@ -1,0 +1,774 @@
+#include "process_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <optional>
+#include <utility>
+
+#include "braid/error.h"
+
+namespace braid::torch_backend {
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define BRAID_TORCH_HAS_FLOAT8 1
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define BRAID_TORCH_HAS_UINT32 1
+#endif
+
+// Fails the call (it reaches Python as a RuntimeError); the group stays
+// usable: nothing was issued.
+[[noreturn]] void refuse(int rank, const char* call, const std::string& why) {
+  throw Error(ErrorCode::InvalidArgument,
+              "braid rank " + std::to_string(rank) + ": " + call + ": " + why);
+}
+
+std::optional<DataType> braidType(at::ScalarType type) {
+  switch (type) {
+    case at::kChar:
+      return DataType::Int8;
+    case at::kByte:
+    case at::kBool:  // one byte, 0 or 1
+      return DataType::Uint8;
+    case at::kInt:
+      return DataType::Int32;
+    case at::kLong:
+      return DataType::Int64;
+    case at::kHalf:
+      return DataType::Float16;
+    case at::kBFloat16:
+      return DataType::BFloat16;
+    case at::kFloat:
+      return DataType::Float32;
+    case at::kDouble:
+      return DataType::Float64;
+#ifdef BRAID_TORCH_HAS_FLOAT8
+    case at::kFloat8_e4m3fn:
+      return DataType::Float8E4M3;
+    case at::kFloat8_e5m2:
+      return DataType::Float8E5M2;
+#endif
+#ifdef BRAID_TORCH_HAS_UINT32
+    case at::kUInt32:
+      return DataType::Uint32;
+    case at::kUInt64:
+      return DataType::Uint64;
+#endif
+    default:
+      return std::nullopt;
+  }
+}
+
+const char* opName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNUSED";
+  }
+}
+
+// A reduction as braid runs it: the op, and for PREMUL_SUM the factor the
+// input is scaled by first.
+struct Reduction {
+  ReduceOp op = ReduceOp::Sum;
+  std::optional<double> factor;
+};
+
+// A tensor as braid sees it: contiguous memory of one of braid's types.
+struct Flat {
+  at::Tensor user;  // the caller's tensor
+  at::Tensor data;  // contiguous; `user` itself where it already was
+
+  std::byte* bytes(int64_t elementOffset = 0) const {
+    return static_cast<std::byte*>(data.data_ptr()) + elementOffset * data.element_size();
+  }
+  size_t count() const { return static_cast<size_t>(data.numel()); }
+  void copyBack() const {
+    if (!data.is_same(user)) user.copy_(data.view(user.sizes()));
+  }
+};
+
+Flat flat(const at::Tensor& tensor) { return {tensor, tensor.contiguous()}; }
+
+int64_t sum(const std::vector<int64_t>& values) {
+  return std::accumulate(values.begin(), values.end(), int64_t{0});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- BraidWork
+
+BraidWork::BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> BraidWork::getFuture() { return future_; }
+
+std::vector<at::Tensor> BraidWork::result() { return outputs_; }
+
+void BraidWork::complete(const std::string& error) {
+  if (error.empty()) {
+    finish();
+    future_->markCompleted(c10::IValue(outputs_));
+    return;
+  }
+  const std::exception_ptr failure = std::make_exception_ptr(std::runtime_error(error));
+  finish(failure);
+  future_->setError(failure);
+}
+
+// ---------------------------------------------------------------- the group
+
+namespace {
+
+// The checks every call makes, and the conversions.
+class Checks {
+ public:
+  Checks(int rank, int size, const char* call) : rank_(rank), size_(size), call_(call) {}
+
+  const at::Tensor& one(const std::vector<at::Tensor>& tensors) const {
+    if (tensors.size() != 1)
+      refuse(format("takes one tensor per call (one device per process), got %zu", tensors.size()));
+    return tensor(tensors[0], "tensor");
+  }
+
+  const at::Tensor& tensor(const at::Tensor& t, const std::string& what) const {
+    if (!t.defined()) refuse(what + " is undefined");
+    if (!t.device().is_cpu())
+      refuse(what + " is on " + t.device().str() +
+             ": this backend takes CPU tensors (device buffers go through braid's C++ API "
+             "or libnccl.so.2 with a CUDA stream)");
+    if (t.is_sparse()) refuse(what + " is sparse: braid takes dense tensors");
+    if (!braidType(t.scalar_type()))
+      refuse(what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+             ", which braid does not carry (it carries int8, uint8, bool, int32, int64, "
+             "float16, bfloat16, float32 and float64)");
+    return t;
+  }
+
+  DataType type(const at::Tensor& t) const { return *braidType(t.scalar_type()); }
+
+  void sameLayout(const at::Tensor& t, const at::Tensor& like, const std::string& what) const {
+    tensor(t, what);
+    if (t.scalar_type() != like.scalar_type())
+      refuse(what + " has dtype " + std::string(c10::toString(t.scalar_type())) + ", not " +
+             std::string(c10::toString(like.scalar_type())));
+    if (t.numel() != like.numel())
+      refuse(format("%s has %lld elements, not %lld", what.c_str(),
+                    static_cast<long long>(t.numel()), static_cast<long long>(like.numel())));
+  }
+
+  void rankArgument(int64_t rank, const char* what) const {
+    if (rank < 0 || rank >= size_)
+      refuse(format("%s %lld is not a rank of this group of %d", what, static_cast<long long>(rank),
+                    size_));
+  }
+
+  void listOfSize(size_t got, const char* what) const {
+    if (got != static_cast<size_t>(size_))
+      refuse(format("%s holds %zu tensors, not one per rank (%d)", what, got, size_));
+  }
+
+  Reduction reduction(const c10d::ReduceOp& reduceOp, at::ScalarType type) const {
+    const bool isBool = type == at::kBool;
+    const bool isFloat = at::isFloatingType(type);
+    Reduction r;
+    switch (reduceOp.op_) {
+      case c10d::ReduceOp::SUM:
+        r.op = isBool ? ReduceOp::Max : ReduceOp::Sum;  // bool: logical or
+        return r;
+      case c10d::ReduceOp::PRODUCT:
+        r.op = isBool ? ReduceOp::Min : ReduceOp::Prod;  // bool: logical and
+        return r;
+      case c10d::ReduceOp::MIN:
+        r.op = ReduceOp::Min;
+        return r;
+      case c10d::ReduceOp::MAX:
+        r.op = ReduceOp::Max;
+        return r;
+      case c10d::ReduceOp::AVG:
+        if (isBool) break;
+        r.op = ReduceOp::Avg;
+        return r;
+      case c10d::ReduceOp::BAND:
+      case c10d::ReduceOp::BOR:
+        if (!isBool) break;
+        r.op = reduceOp.op_ == c10d::ReduceOp::BAND ? ReduceOp::Min : ReduceOp::Max;
+        return r;
+      case c10d::ReduceOp::PREMUL_SUM: {
+        if (!isFloat) break;
+        const auto* factor =
+            dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
+        if (!factor) refuse("ReduceOp.PREMUL_SUM without its factor");
+        if (factor->tensor_factors.empty()) {
+          r.factor = factor->double_factor;
+        } else {
+          const at::Tensor& f = factor->tensor_factors[0];
+          if (f.numel() != 1) refuse("PREMUL_SUM's factor tensor must hold one element");
+          r.factor = f.to(at::kCPU, at::kDouble).item<double>();
+        }
+        r.op = ReduceOp::Sum;
+        return r;
+      }
+      default:
+        break;
+    }
+    refuse(std::string("ReduceOp.") + opName(reduceOp.op_) + " is not supported on " +
+           c10::toString(type) +
+           " tensors (braid reduces with SUM, AVG, PRODUCT, MIN and MAX, PREMUL_SUM on "
+           "floating types, and BAND and BOR on bool)");
+  }
+
+  // The input braid reduces: the tensor itself, or a scaled copy.
+  Flat reducible(const at::Tensor& t, const Reduction& r) const {
+    if (!r.factor) return flat(t);
+    return {t, t.mul(*r.factor).contiguous()};
+  }
+
+  [[noreturn]] void refuse(const std::string& why) const {
+    braid::torch_backend::refuse(rank_, call_, why);
+  }
+
+  template <typename... Args>
+  static std::string format(const char* pattern, Args... args) {
+    char text[512];
+    std::snprintf(text, sizeof(text), pattern, args...);
+    return text;
+  }
+
+ private:
+  int rank_, size_;
+  const char* call_;
+};
+
+// Issues grouped ops; ends the group however the block is left, so a
+// throwing call never leaves the communicator inside a group.
+class Grouped {
+ public:
+  explicit Grouped(Communicator& comm) : comm_(comm) { comm_.groupStart(); }
+  ~Grouped() noexcept(false) {
+    if (std::uncaught_exceptions() > 0) {
+      try {
+        comm_.groupEnd();
+      } catch (...) {
+      }
+      return;
+    }
+    comm_.groupEnd();
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+std::vector<uint8_t> idBytes(const UniqueId& id) {
+  const auto* first = reinterpret_cast<const uint8_t*>(id.bytes.data());
+  return std::vector<uint8_t>(first, first + id.bytes.size());
+}
+
+Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout) {
+  // torch gives each group a store of its own (a PrefixStore named after
+  // the group), so one key serves every group.
+  static const std::string kKey = "braid/unique_id";
+  Config config;
+  config.timeout = timeout;
+  UniqueId id;
+  if (rank == 0) {
+    id = Communicator::newUniqueId(config);
+    store->set(kKey, idBytes(id));
+  } else {
+    const std::vector<uint8_t> bytes = store->get(kKey);
+    if (bytes.size() != id.bytes.size())
+      throw Error(ErrorCode::InvalidArgument, "braid: the store's unique id has " +
+                                                  std::to_string(bytes.size()) + " bytes, not " +
+                                                  std::to_string(id.bytes.size()) +
+                                                  " (another program set braid's key?)");
+    std::memcpy(id.bytes.data(), bytes.data(), bytes.size());
+  }
+  return Communicator::init(size, rank, id, config);
+}
+
+}  // namespace
+
+ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                     int size, std::chrono::milliseconds timeout)
+    : BackendBase(rank, size),
+      comm_(meet(store, rank, size, timeout)),
+      completer_([this] { completeInOrder(); }) {}
+
+ProcessGroupBraid::~ProcessGroupBraid() {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  completer_.join();  // after every issued call completed (or failed)
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(
+    c10d::OpType type, std::vector<at::Tensor> outputs,
+    const std::function<void(std::vector<braid::Work>&)>& ops, std::function<void()> finish) {
+  Pending pending;
+  pending.work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs));
+  pending.finish = std::move(finish);
+  {
+    std::lock_guard<std::mutex> lock(issueMutex_);
+    ops(pending.works);
+    c10::intrusive_ptr<c10d::Work> work = pending.work;
+    {
+      std::lock_guard<std::mutex> queueLock(queueMutex_);
+      queue_.push_back(std::move(pending));
+    }
+    queued_.notify_one();
+    return work;
+  }
+}
+
+void ProcessGroupBraid::completeInOrder() {
+  for (;;) {
+    Pending pending;
+    {
+      std::unique_lock<std::mutex> lock(queueMutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      pending = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::string error;
+    for (const braid::Work& work : pending.works) {
+      try {
+        work.wait();
+      } catch (const std::exception& failure) {
+        if (error.empty()) error = failure.what();
+      }
+    }
+    if (error.empty() && pending.finish) {
+      try {
+        pending.finish();
+      } catch (const std::exception& failure) {
+        error = std::string("braid: copying the result out failed: ") + failure.what();
+      }
+    }
+    pending.finish = nullptr;  // drops the tensors it kept alive
+    pending.work->complete(error);
+  }
+}
+
+// ---- Collectives.
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  const Checks check(rank_, size_, "broadcast");
+  const at::Tensor& t = check.one(tensors);
+  check.rankArgument(opts.rootRank, "root");
+  const Flat f = flat(t);
+  return post(
+      c10d::OpType::BROADCAST, {t},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
+                                        static_cast<int>(opts.rootRank), Stream::async()));
+      },
+      [f] { f.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  const Checks check(rank_, size_, "allreduce");
+  const at::Tensor& t = check.one(tensors);
+  const Reduction r = check.reduction(opts.reduceOp, t.scalar_type());
+  const Flat f = check.reducible(t, r);
+  return post(
+      c10d::OpType::ALLREDUCE, {t},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(
+            comm_.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op, Stream::async()));
+      },
+      [f] { f.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const Checks check(rank_, size_, "allreduce_coalesced");
+  std::vector<Flat> flats;
+  std::vector<Reduction> reductions;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = check.tensor(tensors[i], "tensor " + std::to_string(i));
+    reductions.push_back(check.reduction(opts.reduceOp, t.scalar_type()));
+    flats.push_back(check.reducible(t, reductions.back()));
+  }
+  return post(
+      c10d::OpType::ALLREDUCE_COALESCED, tensors,
+      [&](std::vector<braid::Work>& works) {
+        const Grouped group(comm_);
+        for (size_t i = 0; i < flats.size(); ++i)
+          works.push_back(comm_.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
+                                          check.type(flats[i].user), reductions[i].op,
+                                          Stream::async()));
+      },
+      [flats] {
+        for (const Flat& f : flats) f.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  const Checks check(rank_, size_, "reduce");
+  const at::Tensor& t = check.one(tensors);
+  check.rankArgument(opts.rootRank, "root");
+  const Reduction r = check.reduction(opts.reduceOp, t.scalar_type());
+  const Flat f = check.reducible(t, r);
+  const bool root = opts.rootRank == rank_;
+  return post(
+      c10d::OpType::REDUCE, {t},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
+                                     static_cast<int>(opts.rootRank), Stream::async()));
+      },
+      [f, root] {
+        if (root) f.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  const Checks check(rank_, size_, "allgather");
+  const at::Tensor& in = check.one(inputs);
+  if (outputs.size() != 1) check.refuse("takes one list of output tensors");
+  check.listOfSize(outputs[0].size(), "the output list");
+  for (int r = 0; r < size_; ++r)
+    check.sameLayout(outputs[0][r], in, "output tensor " + std::to_string(r));
+  const Flat f = flat(in);
+  const at::Tensor gathered = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+  std::vector<at::Tensor> outs = outputs[0];
+  return post(
+      c10d::OpType::ALLGATHER, outs,
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in),
+                                        Stream::async()));
+      },
+      [f, gathered, outs] {
+        const int64_t n = f.data.numel();
+        for (size_t r = 0; r < outs.size(); ++r)
+          outs[r].copy_(gathered.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  const Checks check(rank_, size_, "_allgather_base");
+  check.tensor(input, "input");
+  check.tensor(output, "output");
+  if (output.scalar_type() != input.scalar_type())
+    check.refuse("the output's dtype differs from the input's");
+  if (output.numel() != static_cast<int64_t>(size_) * input.numel())
+    check.refuse(Checks::format(
+        "the output has %lld elements, not the group's size (%d) times "
+        "the input's %lld",
+        static_cast<long long>(output.numel()), size_, static_cast<long long>(input.numel())));
+  const Flat in = flat(input), out = flat(output);
+  return post(
+      c10d::OpType::_ALLGATHER_BASE, {output},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.allGather(in.bytes(), out.bytes(), in.count(), check.type(input),
+                                        Stream::async()));
+      },
+      [in, out] { out.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const Checks check(rank_, size_, "gather");
+  const at::Tensor& in = check.one(inputs);
+  check.rankArgument(opts.rootRank, "root");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<Flat> outs;
+  if (rank_ == root) {
+    if (outputs.size() != 1) check.refuse("the root takes one list of output tensors");
+    check.listOfSize(outputs[0].size(), "the output list");
+    for (int r = 0; r < size_; ++r) {
+      check.sameLayout(outputs[0][r], in, "output tensor " + std::to_string(r));
+      outs.push_back(flat(outputs[0][r]));
+    }
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    check.refuse("only the root takes output tensors");
+  }
+  const Flat f = flat(in);
+  return post(
+      c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
+      [&](std::vector<braid::Work>& works) {
+        const Grouped group(comm_);
+        if (rank_ != root) {
+          works.push_back(comm_.send(f.bytes(), f.count(), check.type(in), root, Stream::async()));
+          return;
+        }
+        for (int r = 0; r < size_; ++r)
+          if (r != root)
+            works.push_back(
+                comm_.recv(outs[r].bytes(), outs[r].count(), check.type(in), r, Stream::async()));
+      },
+      [f, outs, root] {
+        if (outs.empty()) return;
+        outs[root].data.copy_(f.data.view(outs[root].data.sizes()));
+        for (const Flat& out : outs) out.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const Checks check(rank_, size_, "scatter");
+  const at::Tensor& out = check.one(outputs);
+  check.rankArgument(opts.rootRank, "root");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<Flat> ins;
+  if (rank_ == root) {
+    if (inputs.size() != 1) check.refuse("the root takes one list of input tensors");
+    check.listOfSize(inputs[0].size(), "the input list");
+    for (int r = 0; r < size_; ++r) {
+      check.sameLayout(inputs[0][r], out, "input tensor " + std::to_string(r));
+      ins.push_back(flat(inputs[0][r]));
+    }
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    check.refuse("only the root takes input tensors");
+  }
+  const Flat f = flat(out);
+  return post(
+      c10d::OpType::SCATTER, {out},
+      [&](std::vector<braid::Work>& works) {
+        const Grouped group(comm_);
+        if (rank_ != root) {
+          works.push_back(comm_.recv(f.bytes(), f.count(), check.type(out), root, Stream::async()));
+          return;
+        }
+        for (int r = 0; r < size_; ++r)
+          if (r != root)
+            works.push_back(
+                comm_.send(ins[r].bytes(), ins[r].count(), check.type(out), r, Stream::async()));
+      },
+      [f, ins, root] {
+        if (!ins.empty()) f.data.copy_(ins[root].data.view(f.data.sizes()));
+        f.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const Checks check(rank_, size_, "reduce_scatter");
+  const at::Tensor& out = check.one(outputs);
+  if (inputs.size() != 1) check.refuse("takes one list of input tensors");
+  check.listOfSize(inputs[0].size(), "the input list");
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < size_; ++r) {
+    check.sameLayout(inputs[0][r], out, "input tensor " + std::to_string(r));
+    pieces.push_back(inputs[0][r].reshape({-1}));
+  }
+  const Reduction r = check.reduction(opts.reduceOp, out.scalar_type());
+  const Flat in = check.reducible(at::cat(pieces), r);
+  const Flat f = flat(out);
+  return post(
+      c10d::OpType::REDUCE_SCATTER, {out},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op,
+                                            Stream::async()));
+      },
+      [in, f] { f.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const Checks check(rank_, size_, "_reduce_scatter_base");
+  check.tensor(input, "input");
+  check.tensor(output, "output");
+  if (output.scalar_type() != input.scalar_type())
+    check.refuse("the output's dtype differs from the input's");
+  if (input.numel() != static_cast<int64_t>(size_) * output.numel())
+    check.refuse(Checks::format(
+        "the input has %lld elements, not the group's size (%d) times "
+        "the output's %lld",
+        static_cast<long long>(input.numel()), size_, static_cast<long long>(output.numel())));
+  const Reduction r = check.reduction(opts.reduceOp, output.scalar_type());
+  const Flat in = check.reducible(input, r), out = flat(output);
+  return post(
+      c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.reduceScatter(in.bytes(), out.bytes(), out.count(),
+                                            check.type(output), r.op, Stream::async()));
+      },
+      [in, out] { out.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& /*opts*/) {
+  const Checks check(rank_, size_, "alltoall_base");
+  check.tensor(input, "input");
+  check.tensor(output, "output");
+  if (output.scalar_type() != input.scalar_type())
+    check.refuse("the output's dtype differs from the input's");
+  if (input.dim() == 0 || output.dim() == 0)
+    check.refuse("the input and output split along their first dimension: not scalars");
+  // Splits count rows of the first dimension; none given: equal parts.
+  auto counts = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* what) {
+    const int64_t rows = t.size(0);
+    if (splits.empty()) {
+      if (rows % size_ != 0)
+        check.refuse(
+            Checks::format("the %s's first dimension (%lld) does not split into %d "
+                           "equal parts",
+                           what, static_cast<long long>(rows), size_));
+      splits.assign(static_cast<size_t>(size_), rows / size_);
+    }
+    check.listOfSize(splits.size(), (std::string(what) + " split sizes").c_str());
+    if (sum(splits) != rows)
+      check.refuse(
+          Checks::format("the %s split sizes add up to %lld, not its first dimension "
+                         "%lld",
+                         what, static_cast<long long>(sum(splits)), static_cast<long long>(rows)));
+    const int64_t rowElems = rows == 0 ? 0 : t.numel() / rows;
+    for (int64_t& s : splits) s *= rowElems;
+    return splits;
+  };
+  const std::vector<int64_t> sendCounts = counts(input, inputSplits, "input");
+  const std::vector<int64_t> recvCounts = counts(output, outputSplits, "output");
+  std::vector<int64_t> sendAt(static_cast<size_t>(size_), 0), recvAt(sendAt);
+  for (int r = 1; r < size_; ++r) {
+    sendAt[r] = sendAt[r - 1] + sendCounts[r - 1];
+    recvAt[r] = recvAt[r - 1] + recvCounts[r - 1];
+  }
+  if (sendCounts[rank_] != recvCounts[rank_])
+    check.refuse(Checks::format("this rank sends itself %lld elements but receives %lld",
+                                static_cast<long long>(sendCounts[rank_]),
+                                static_cast<long long>(recvCounts[rank_])));
+  const Flat in = flat(input), out = flat(output);
+  const DataType type = check.type(input);
+  const int self = rank_;
+  return post(
+      c10d::OpType::ALLTOALL_BASE, {output},
+      [&](std::vector<braid::Work>& works) {
+        const Grouped group(comm_);
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          if (sendCounts[r] > 0)
+            works.push_back(comm_.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]),
+                                       type, r, Stream::async()));
+          if (recvCounts[r] > 0)
+            works.push_back(comm_.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]),
+                                       type, r, Stream::async()));
+        }
+      },
+      [in, out, self, at = sendAt[self], to = recvAt[self], n = sendCounts[self]] {
+        std::memcpy(out.bytes(to), in.bytes(at), static_cast<size_t>(n) * in.data.element_size());
+        out.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& /*opts*/) {
+  const Checks check(rank_, size_, "alltoall");
+  check.listOfSize(inputs.size(), "the input list");
+  check.listOfSize(outputs.size(), "the output list");
+  std::vector<Flat> ins, outs;
+  for (int r = 0; r < size_; ++r) {
+    ins.push_back(flat(check.tensor(inputs[r], "input tensor " + std::to_string(r))));
+    outs.push_back(flat(check.tensor(outputs[r], "output tensor " + std::to_string(r))));
+    if (inputs[r].scalar_type() != inputs[0].scalar_type() ||
+        outputs[r].scalar_type() != inputs[0].scalar_type())
+      check.refuse("every input and output tensor must have the same dtype");
+  }
+  check.sameLayout(outputs[rank_], inputs[rank_], "this rank's own output tensor");
+  const DataType type = check.type(inputs[0]);
+  const int self = rank_;
+  return post(
+      c10d::OpType::ALLTOALL, outputs,
+      [&](std::vector<braid::Work>& works) {
+        const Grouped group(comm_);
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          if (ins[r].count() > 0)
+            works.push_back(comm_.send(ins[r].bytes(), ins[r].count(), type, r, Stream::async()));
+          if (outs[r].count() > 0)
+            works.push_back(comm_.recv(outs[r].bytes(), outs[r].count(), type, r, Stream::async()));
+        }
+      },
+      [ins, outs, self] {
+        outs[self].data.copy_(ins[self].data.view(outs[self].data.sizes()));
+        for (const Flat& out : outs) out.copyBack();
+      });
+}
+
+// Point to point: braid keeps issue order per direction between two ranks,
+// as NCCL does; torch's tag is not needed for matching and is ignored.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors,
+                                                       int dstRank, int /*tag*/) {
+  const Checks check(rank_, size_, "send");
+  const at::Tensor& t = check.one(tensors);
+  check.rankArgument(dstRank, "destination");
+  if (dstRank == rank_) check.refuse("a rank cannot send to itself");
+  const Flat f = flat(t);
+  return post(
+      c10d::OpType::SEND, {t},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.send(f.bytes(), f.count(), check.type(t), dstRank, Stream::async()));
+      },
+      [f] {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors,
+                                                       int srcRank, int /*tag*/) {
+  const Checks check(rank_, size_, "recv");
+  const at::Tensor& t = check.one(tensors);
+  check.rankArgument(srcRank, "source");
+  if (srcRank == rank_) check.refuse("a rank cannot receive from itself");
+  const Flat f = flat(t);
+  return post(
+      c10d::OpType::RECV, {t},
+      [&](std::vector<braid::Work>& works) {
+        works.push_back(comm_.recv(f.bytes(), f.count(), check.type(t), srcRank, Stream::async()));
+      },
+      [f] { f.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return post(c10d::OpType::BARRIER, {}, [&](std::vector<braid::Work>& works) {
+    works.push_back(comm_.barrier(Stream::async()));
+  });
+}
+
+c10::intrusive_ptr<BackendBase> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int rank, int size,
+                                                   std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
+}
+
+}  // namespace braid::torch_backend
