@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -303,11 +304,13 @@ class ShmConnection final : public Connection {
     return out_.control->head.load(std::memory_order_acquire) >= ticket;
   }
 
-  // Whether the peer can map this rank's memory, and this rank's handle on
-  // the peer's process for mapping the peer's (-1: it cannot).
-  void allowReferences(bool peerMapsOurs, int peerPidfd) {
-    peerMapsOurs_ = peerMapsOurs;
+  // This rank's handle on the peer's process (-1: none), and whether
+  // references may go each way: the peer maps this rank's memory, and this
+  // rank takes the peer's memfds through the handle.
+  void allowReferences(int peerPidfd, bool peerMapsOurs, bool mapsPeers) {
     peerPidfd_ = peerPidfd;
+    peerMapsOurs_ = peerMapsOurs;
+    mapsPeers_ = mapsPeers;
   }
 
   bool flushed() const override { return true; }  // a posted slot is already the peer's
@@ -324,9 +327,17 @@ class ShmConnection final : public Connection {
   int peerWaitsFor() const override {
     return peerHeader_->waitingFor.load(std::memory_order_acquire);
   }
-  // The peer's process is gone (it cannot have closed cleanly).
+  // The peer's process is gone (it cannot have closed cleanly). Its pidfd
+  // turns readable when it exits, also while it waits as a zombie for its
+  // parent to reap it, which kill(pid, 0) would still find.
   void checkAlive() {
-    if (!dead_ && ::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
+    if (dead_) return;
+    if (peerPidfd_ >= 0) {
+      pollfd exited{peerPidfd_, POLLIN, 0};
+      dead_ = ::poll(&exited, 1, 0) > 0;
+      return;
+    }
+    if (::kill(peerHeader_->pid, 0) != 0 && errno == ESRCH) dead_ = true;
   }
   void wakePeer() { ring(peerHeader_); }
 
@@ -352,7 +363,7 @@ class ShmConnection final : public Connection {
     }
     for (const Mapping& mapping : mappings_)
       if (mapping.region == reference.region) return mapping.base;
-    if (peerPidfd_ < 0)
+    if (!mapsPeers_)
       throw Error(ErrorCode::Internal,
                   format("shm: rank %d sent a reference this rank cannot map", peer_));
     if (mappings_.size() == kMaxMappings) {
@@ -414,6 +425,7 @@ class ShmConnection final : public Connection {
   };
   static constexpr size_t kMaxMappings = 64;
   bool peerMapsOurs_ = false;
+  bool mapsPeers_ = false;
   int peerPidfd_ = -1;
   uint64_t peerFreed_ = 0;         // the peer's memory::freeCount() when mappings_ were made
   std::vector<Mapping> mappings_;  // the peer's regions, oldest first
@@ -652,17 +664,15 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   std::vector<int> pidfds(peers.size(), -1);
   for (size_t i = 0; i < peers.size(); ++i) {
     const SegmentHeader* theirs = transport->peers_[i].header();
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, theirs->pid, 0));
-    if (pidfd < 0) continue;
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, theirs->probeFd, 0));
+    pidfds[i] = static_cast<int>(::syscall(SYS_pidfd_open, theirs->pid, 0));
+    if (pidfds[i] < 0) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfds[i], theirs->probeFd, 0));
     if (fd < 0) {
       BRAID_DEBUG(Init, "shm: no references from rank %d: pidfd_getfd: %s", peers[i],
                   std::strerror(errno));
-      ::close(pidfd);
       continue;
     }
     ::close(fd);
-    pidfds[i] = pidfd;
     mayMap[static_cast<size_t>(rank) * n + peers[i]] = 1;
   }
   bootstrap.allGather(mayMap.data(), static_cast<size_t>(n), deadline);
@@ -677,7 +687,8 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
     auto connection = std::make_unique<ShmConnection>(
         peer, theirs.fifo(fifoIndex(rank, peer)), theirs.header(),
         transport->own_.fifo(fifoIndex(peer, rank)), slotBytes, static_cast<size_t>(slots));
-    connection->allowReferences(mayMap[static_cast<size_t>(peer) * n + rank] != 0, pidfds[i]);
+    connection->allowReferences(pidfds[i], mayMap[static_cast<size_t>(peer) * n + rank] != 0,
+                                mayMap[static_cast<size_t>(rank) * n + peer] != 0);
     transport->byRank_[peer] = connection.get();
     transport->connections_.push_back(std::move(connection));
   }
