@@ -8,6 +8,10 @@
 // for one), and hands each child its rank through the environment:
 // BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,
 // BRAID_UNIQUE_ID (the id in hex) and BRAID_ROOT (the root's host:port).
+// It also sets what torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT), so a
+// PyTorch program's init_process_group() finds its rendezvous the same way
+// under both launchers.
 //
 // SIGINT, SIGTERM and SIGHUP are forwarded to every child, and so is SIGUSR1,
 // which makes every rank log its hang report (braid-info -h). The first child
@@ -15,8 +19,11 @@
 // names it on stderr, sends SIGTERM to the others, SIGKILL after 5 s, and
 // exits with that child's status (128 + signal for a signal). It exits 0 when
 // every rank does, and 2 on bad usage.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -143,17 +150,42 @@ struct ChildSpec {
   std::vector<char*> argv;
 };
 
+// A loopback port nobody listens on now, for torch's store (MASTER_PORT):
+// rank 0's process binds it moments later, as under torchrun --standalone.
+int freeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 29500;  // torchrun's default, should the kernel not pick one
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
 bool isLauncherVariable(const char* entry) {
-  static const char* const kNames[] = {
-      "BRAID_RANK=",      "BRAID_WORLD_SIZE=", "BRAID_LOCAL_RANK=", "BRAID_LOCAL_WORLD_SIZE=",
-      "BRAID_UNIQUE_ID=", "BRAID_ROOT="};
+  static const char* const kNames[] = {"BRAID_RANK=",
+                                       "BRAID_WORLD_SIZE=",
+                                       "BRAID_LOCAL_RANK=",
+                                       "BRAID_LOCAL_WORLD_SIZE=",
+                                       "BRAID_UNIQUE_ID=",
+                                       "BRAID_ROOT=",
+                                       "RANK=",
+                                       "WORLD_SIZE=",
+                                       "LOCAL_RANK=",
+                                       "LOCAL_WORLD_SIZE=",
+                                       "MASTER_ADDR=",
+                                       "MASTER_PORT="};
   for (const char* name : kNames)
     if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
   return false;
 }
 
 void makeChildSpec(ChildSpec* spec, int rank, int nranks, const std::string& idHex,
-                   const std::string& root, std::vector<std::string>& command) {
+                   const std::string& root, int torchPort, std::vector<std::string>& command) {
   for (char** e = environ; *e; ++e)
     if (!isLauncherVariable(*e)) spec->envStrings.emplace_back(*e);
   spec->envStrings.push_back("BRAID_RANK=" + std::to_string(rank));
@@ -162,6 +194,12 @@ void makeChildSpec(ChildSpec* spec, int rank, int nranks, const std::string& idH
   spec->envStrings.push_back("BRAID_LOCAL_WORLD_SIZE=" + std::to_string(nranks));
   spec->envStrings.push_back("BRAID_UNIQUE_ID=" + idHex);
   spec->envStrings.push_back("BRAID_ROOT=" + root);
+  for (const char* name : {"RANK=", "LOCAL_RANK="})
+    spec->envStrings.push_back(name + std::to_string(rank));
+  for (const char* name : {"WORLD_SIZE=", "LOCAL_WORLD_SIZE="})
+    spec->envStrings.push_back(name + std::to_string(nranks));
+  spec->envStrings.push_back("MASTER_ADDR=127.0.0.1");
+  spec->envStrings.push_back("MASTER_PORT=" + std::to_string(torchPort));
   for (std::string& s : spec->envStrings) spec->env.push_back(s.data());
   spec->env.push_back(nullptr);
   for (std::string& s : command) spec->argv.push_back(s.data());
@@ -293,9 +331,10 @@ int main(int argc, char** argv) {
     finish(1);
   }
 
+  const int torchPort = freeLoopbackPort();
   std::vector<ChildSpec> specs(options.nranks);
   for (int rank = 0; rank < options.nranks; ++rank)
-    makeChildSpec(&specs[rank], rank, options.nranks, idHex, root, options.command);
+    makeChildSpec(&specs[rank], rank, options.nranks, idHex, root, torchPort, options.command);
   gChildren.pids.assign(options.nranks, 0);
   std::thread(forwardSignals, forwarded).detach();
 
