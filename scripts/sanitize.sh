@@ -22,7 +22,7 @@ done
 [ ${#presets[@]} -gt 0 ] || presets=(asan tsan)
 
 for preset in "${presets[@]}"; do
-  exclude='Soak\.|^Install\.|^Tools\.'
+  exclude='Soak\.|^Install\.|^Tools\.|^Torch\.'
   [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^Plans\."
   echo "sanitize: ${preset}: building"
   cmake --preset "$preset" >/dev/null

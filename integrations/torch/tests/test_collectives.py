@@ -1,0 +1,330 @@
+"""Every process-group call on backend "braid", against the same call on Gloo
+with the same inputs: integers exactly, floats within the dtype's bound.
+Where Gloo does not take a dtype or op, against a reference computed from
+every rank's inputs (each rank can make any rank's inputs).
+
+    /usr/bin/python3 test_collectives.py NRANKS
+"""
+import functools
+import warnings
+
+warnings.filterwarnings("ignore", message=".*private function.*")
+
+from harness import check, main, ranks_from_argv
+
+INTS = ["int8", "uint8", "int32", "int64"]
+FLOATS = ["float16", "bfloat16", "float32", "float64"]
+
+
+def dtype_of(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def tolerance(dtype, nranks):
+    import torch
+
+    # Each rank's value is rounded once per partial sum; sums of 3+ ranks
+    # may be added in another order than Gloo adds them.
+    eps = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.2e-7, torch.float64: 2.3e-16}
+    return 4 * nranks * eps.get(dtype, 0.0)
+
+
+def values(rank, n, dtype, seed):
+    """Rank `rank`'s input: small values, so sums and products stay exact
+    in every integer type."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.rand(n, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
+    low = 0 if dtype == torch.uint8 else -3
+    return torch.randint(low, 4, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def same(got, want, dtype, nranks, what):
+    import torch
+
+    check(got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{list(got.shape)} vs {want.dtype}{list(want.shape)}")
+    if dtype.is_floating_point:
+        bound = tolerance(dtype, nranks)
+        close = torch.allclose(got.double(), want.double(), rtol=bound, atol=bound)
+        check(close, f"{what}: differs beyond {bound}: {got[:6]} vs {want[:6]}")
+    else:
+        check(torch.equal(got, want), f"{what}: {got[:8]} vs {want[:8]}")
+
+
+def on_gloo(call, reference):
+    """Gloo's result of `call`, or the reference where Gloo refuses."""
+    try:
+        return call()
+    except RuntimeError as error:
+        text = str(error).lower()
+        if "gloo" in text or "unsupported" in text or "not supported" in text or "cannot use" in text or "invalid scalar type" in text:
+            return reference()
+        raise
+
+
+def op_name(op):
+    import torch.distributed as dist
+
+    names = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+    return next((n for n in names if getattr(dist.ReduceOp, n) == op), str(op))
+
+
+def reduce_reference(inputs, op, dtype):
+    import torch
+    import torch.distributed as dist
+
+    stacked = torch.stack([x.double() if dtype.is_floating_point else x.long() for x in inputs])
+    if op == dist.ReduceOp.SUM:
+        out = stacked.sum(0) if dtype != torch.bool else stacked.amax(0)
+    elif op == dist.ReduceOp.PRODUCT:
+        out = stacked.prod(0) if dtype != torch.bool else stacked.amin(0)
+    elif op == dist.ReduceOp.MIN:
+        out = stacked.amin(0)
+    elif op == dist.ReduceOp.MAX:
+        out = stacked.amax(0)
+    elif op == dist.ReduceOp.BAND:
+        out = stacked.amin(0)
+    elif op == dist.ReduceOp.BOR:
+        out = stacked.amax(0)
+    elif op == dist.ReduceOp.AVG:
+        out = stacked.sum(0) / len(inputs)
+    else:
+        raise ValueError(op)
+    return out.to(dtype)
+
+
+def test_reductions(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    seed = 0
+    for name in INTS + FLOATS + ["bool"]:
+        dtype = dtype_of(name)
+        extra = [dist.ReduceOp.BAND, dist.ReduceOp.BOR] if dtype == torch.bool else []
+        extra += [dist.ReduceOp.AVG] if dtype.is_floating_point else []
+        for op in ops + extra:
+            for n in (0, 1, 7, 1000, 70001):
+                seed += 1
+                inputs = [values(r, n, dtype, seed) for r in range(size)]
+                mine = inputs[rank]
+                what = f"{name} {op_name(op)} n={n}"
+                ref = functools.partial(reduce_reference, inputs, op, dtype)
+                gloo_op = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
+
+                # all_reduce, in place; a strided (non-contiguous) view too
+                t = mine.clone()
+                dist.all_reduce(t, op=op)
+                def gloo_all_reduce():
+                    g = mine.clone()
+                    dist.all_reduce(g, op=gloo_op, group=gloo)
+                    return g if op != dist.ReduceOp.AVG else (g.double() / size).to(dtype)
+                same(t, on_gloo(gloo_all_reduce, ref), dtype, size, "all_reduce " + what)
+                if n == 1000:
+                    wide = torch.zeros(n, 2, dtype=dtype)
+                    wide[:, 1] = mine
+                    view = wide[:, 1]
+                    dist.all_reduce(view, op=op)
+                    same(wide[:, 1], t, dtype, size, "all_reduce of a strided view " + what)
+
+                # reduce to a root
+                root = seed % size
+                t = mine.clone()
+                dist.reduce(t, dst=root, op=op)
+                if rank == root:
+                    same(t, ref(), dtype, size, f"reduce to {root} " + what)
+
+                # reduce_scatter (a list) and _reduce_scatter_base (one tensor)
+                if n in (7, 1000):
+                    chunks = [values(r, size * n, dtype, seed + 7) for r in range(size)]
+                    whole = reduce_reference(chunks, op, dtype)
+                    out = torch.empty(n, dtype=dtype)
+                    dist.reduce_scatter(out, list(chunks[rank].chunk(size)), op=op)
+                    same(out, whole[rank * n:(rank + 1) * n], dtype, size, "reduce_scatter " + what)
+                    out2 = torch.empty(n, dtype=dtype)
+                    dist._reduce_scatter_base(out2, chunks[rank].clone(), op=op)
+                    same(out2, out, dtype, size, "_reduce_scatter_base " + what)
+
+
+def test_premul_sum(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    for name in FLOATS:
+        dtype = dtype_of(name)
+        inputs = [values(r, 501, dtype, 77) for r in range(size)]
+        for factor in (0.5, [torch.tensor([0.25], dtype=torch.float64)]):
+            t = inputs[rank].clone()
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+            scale = factor if isinstance(factor, float) else factor[0].item()
+            scaled = [(x.double() * scale).to(dtype) for x in inputs]
+
+            def gloo_sum():
+                g = scaled[rank].clone()
+                dist.all_reduce(g, group=gloo)
+                return g
+
+            want = on_gloo(gloo_sum, lambda: reduce_reference(scaled, dist.ReduceOp.SUM, dtype))
+            same(t, want, dtype, size, f"PREMUL_SUM {name} by {scale}")
+
+
+def test_coalesced(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    tensors = [values(rank, n, torch.float32, n) for n in (3, 1000, 0, 65)]
+    expected = [t.clone() for t in tensors]
+    for t in expected:
+        dist.all_reduce(t, group=gloo)
+    dist.all_reduce_coalesced(tensors)
+    for i, (t, e) in enumerate(zip(tensors, expected)):
+        same(t, e, torch.float32, size, f"all_reduce_coalesced tensor {i}")
+
+
+def test_data_movement(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    seed = 500
+    for name in INTS + FLOATS + ["bool"]:
+        dtype = dtype_of(name)
+        for n in (0, 1, 7, 4099):
+            seed += 1
+            inputs = [values(r, n, dtype, seed) for r in range(size)]
+            mine = inputs[rank]
+            what = f"{name} n={n}"
+            for root in range(size):
+                t = mine.clone()
+                dist.broadcast(t, src=root)
+                same(t, inputs[root], dtype, size, f"broadcast from {root} " + what)
+
+            outs = [torch.empty(n, dtype=dtype) for _ in range(size)]
+            dist.all_gather(outs, mine)
+            def gloo_all_gather():
+                g = [torch.empty(n, dtype=dtype) for _ in range(size)]
+                dist.all_gather(g, mine, group=gloo)
+                return g
+
+            if n > 0:  # Gloo's all_gather of empty tensors dies of SIGFPE
+                g = on_gloo(gloo_all_gather, lambda: inputs)
+                for r in range(size):
+                    same(outs[r], g[r], dtype, size, f"all_gather part {r} " + what)
+            for r in range(size):
+                same(outs[r], inputs[r], dtype, size, f"all_gather part {r} vs input " + what)
+            flat = torch.empty(size * n, dtype=dtype)
+            dist._all_gather_base(flat, mine)
+            same(flat, torch.cat(inputs), dtype, size, "_all_gather_base " + what)
+
+            root = seed % size
+            gathered = [torch.empty(n, dtype=dtype) for _ in range(size)] if rank == root else None
+            dist.gather(mine, gather_list=gathered, dst=root)
+            if rank == root:
+                for r in range(size):
+                    same(gathered[r], inputs[r], dtype, size, f"gather to {root} part {r} " + what)
+
+            pieces = [values(r + 100, n, dtype, seed) for r in range(size)]
+            out = torch.empty(n, dtype=dtype)
+            dist.scatter(out, scatter_list=pieces if rank == root else None, src=root)
+            same(out, pieces[rank], dtype, size, f"scatter from {root} " + what)
+
+
+def test_all_to_all(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    # Equal splits, rows of 3 elements.
+    rows = 2 * size
+    x = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3) + 100 * rank
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    g = torch.empty_like(x)
+    dist.all_to_all_single(g, x, group=gloo)
+    same(out, g, torch.float32, size, "all_to_all_single, equal splits")
+
+    # Uneven splits: rank r sends (r + p) % 3 rows to rank p.
+    def rows_to(src, dst):
+        return (src + dst) % 3
+
+    send_splits = [rows_to(rank, p) for p in range(size)]
+    recv_splits = [rows_to(p, rank) for p in range(size)]
+    x = torch.randn(sum(send_splits), 5, generator=torch.Generator().manual_seed(rank))
+    out = torch.empty(sum(recv_splits), 5)
+    dist.all_to_all_single(out, x, output_split_sizes=recv_splits, input_split_sizes=send_splits)
+    g = torch.empty_like(out)
+    dist.all_to_all_single(g, x, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=gloo)
+    same(out, g, torch.float32, size, "all_to_all_single, uneven splits")
+
+    # A list of tensors, int64, one of another length per peer.
+    ins = [torch.full((p + 1 + rank,), rank * 10 + p, dtype=torch.int64) for p in range(size)]
+    outs = [torch.empty(rank + 1 + p, dtype=torch.int64) for p in range(size)]
+    dist.all_to_all(outs, ins)
+    for p in range(size):
+        same(outs[p], torch.full((rank + 1 + p,), p * 10 + rank, dtype=torch.int64), torch.int64, size, f"all_to_all from {p}")
+
+
+def test_point_to_point(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    # A ring, both directions, blocking and not.
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for n in (0, 1, 100_000):
+        out = torch.arange(n, dtype=torch.float64) + rank
+        got = torch.empty(n, dtype=torch.float64)
+        if rank % 2 == 0:
+            dist.send(out, right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(out, right)
+        same(got, torch.arange(n, dtype=torch.float64) + left, torch.float64, size, f"send/recv n={n}")
+        got2 = torch.empty(n, dtype=torch.float64)
+        works = [dist.isend(out, left), dist.irecv(got2, right)]
+        for w in works:
+            w.wait()
+        same(got2, torch.arange(n, dtype=torch.float64) + right, torch.float64, size, f"isend/irecv n={n}")
+    # A strided receive buffer.
+    wide = torch.zeros(10, 2)
+    if rank == 0:
+        dist.send(torch.arange(10.0), 1)
+    elif rank == 1:
+        dist.recv(wide[:, 0], 0)
+        same(wide[:, 0], torch.arange(10.0), torch.float32, size, "recv into a strided view")
+    dist.barrier()
+
+
+def test_futures(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    # Futures complete without wait(), in issue order, with the tensors.
+    tensors = [torch.full((1000,), float(i + rank)) for i in range(20)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    futures = [w.get_future() for w in works]
+    order = []
+    for i, f in enumerate(futures):
+        f.then(lambda fut, i=i: order.append(i))
+    torch.futures.wait_all(futures)
+    for i, t in enumerate(tensors):
+        want = sum(float(i + r) for r in range(size))
+        check(bool((t == want).all()), f"async all_reduce {i}: {t[0]} vs {want}")
+        check(works[i].is_completed() and works[i].is_success(), f"work {i} not completed")
+        check(torch.equal(futures[i].value()[0], t), f"future {i}'s value is not the tensor")
+    check(order == list(range(20)), f"futures completed in the order {order}")
+    check(dist.get_backend() == "braid", dist.get_backend())
+
+
+def test_all(rank, size, gloo):
+    for test in (test_reductions, test_premul_sum, test_coalesced, test_data_movement,
+                 test_all_to_all, test_point_to_point, test_futures):
+        test(rank, size, gloo)
+
+
+if __name__ == "__main__":
+    main(test_all, ranks_from_argv(), timeout_s=120)
