@@ -195,6 +195,24 @@ class Checks {
       refuse(format("%s holds %zu tensors, not one per rank (%d)", what, got, size_));
   }
 
+  // gather's outputs, scatter's inputs: one tensor per rank like `like`
+  // at the root, none elsewhere.
+  std::vector<Flat> rootsList(bool isRoot, const std::vector<std::vector<at::Tensor>>& lists,
+                              const at::Tensor& like, const std::string& what) const {
+    std::vector<Flat> flats;
+    if (!isRoot) {
+      if (!lists.empty() && !lists[0].empty()) refuse("only the root takes " + what + " tensors");
+      return flats;
+    }
+    if (lists.size() != 1) refuse("the root takes one list of " + what + " tensors");
+    listOfSize(lists[0].size(), ("the " + what + " list").c_str());
+    for (int r = 0; r < size_; ++r) {
+      sameLayout(lists[0][r], like, what + " tensor " + std::to_string(r));
+      flats.push_back(flat(lists[0][r]));
+    }
+    return flats;
+  }
+
   Reduction reduction(const c10d::ReduceOp& reduceOp, at::ScalarType type) const {
     const bool isBool = type == at::kBool;
     const bool isFloat = at::isFloatingType(type);
@@ -510,17 +528,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
   const at::Tensor& in = check.one(inputs);
   check.rankArgument(opts.rootRank, "root");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<Flat> outs;
-  if (rank_ == root) {
-    if (outputs.size() != 1) check.refuse("the root takes one list of output tensors");
-    check.listOfSize(outputs[0].size(), "the output list");
-    for (int r = 0; r < size_; ++r) {
-      check.sameLayout(outputs[0][r], in, "output tensor " + std::to_string(r));
-      outs.push_back(flat(outputs[0][r]));
-    }
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    check.refuse("only the root takes output tensors");
-  }
+  const std::vector<Flat> outs = check.rootsList(rank_ == root, outputs, in, "output");
   const Flat f = flat(in);
   return post(
       c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
@@ -549,17 +557,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
   const at::Tensor& out = check.one(outputs);
   check.rankArgument(opts.rootRank, "root");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<Flat> ins;
-  if (rank_ == root) {
-    if (inputs.size() != 1) check.refuse("the root takes one list of input tensors");
-    check.listOfSize(inputs[0].size(), "the input list");
-    for (int r = 0; r < size_; ++r) {
-      check.sameLayout(inputs[0][r], out, "input tensor " + std::to_string(r));
-      ins.push_back(flat(inputs[0][r]));
-    }
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    check.refuse("only the root takes input tensors");
-  }
+  const std::vector<Flat> ins = check.rootsList(rank_ == root, inputs, out, "input");
   const Flat f = flat(out);
   return post(
       c10d::OpType::SCATTER, {out},
