@@ -121,9 +121,11 @@ int64_t sum(const std::vector<int64_t>& values) {
 
 // ---------------------------------------------------------------- BraidWork
 
-BraidWork::BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+BraidWork::BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                     std::shared_ptr<Calls> calls)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
+      calls_(std::move(calls)),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
 }
@@ -131,6 +133,16 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> output
 c10::intrusive_ptr<c10::ivalue::Future> BraidWork::getFuture() { return future_; }
 
 std::vector<at::Tensor> BraidWork::result() { return outputs_; }
+
+bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  calls_->runThrough(*this);  // runs it here unless the group's thread already does
+  return c10d::Work::wait(timeout);
+}
+
+bool BraidWork::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
 
 void BraidWork::complete(const std::string& error) {
   if (error.empty()) {
@@ -335,68 +347,83 @@ Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int si
 
 }  // namespace
 
-ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                     int size, std::chrono::milliseconds timeout)
-    : BackendBase(rank, size),
-      comm_(meet(store, rank, size, timeout)),
-      completer_([this] { completeInOrder(); }) {}
+// ---------------------------------------------------------------- Calls
 
-ProcessGroupBraid::~ProcessGroupBraid() {
+void Calls::push(Call call) {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    queue_.push_back(std::move(call));
+  }
+  queued_.notify_one();
+}
+
+bool Calls::runNext() {
+  Call call;
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (queue_.empty()) return false;
+    call = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  std::string error;
+  try {
+    call.run();
+    if (call.finish) call.finish();
+  } catch (const std::exception& failure) {
+    error = failure.what();
+  }
+  call = Call{std::move(call.work)};  // drops the tensors the closures kept alive
+  call.work->complete(error);
+  return true;
+}
+
+void Calls::runThrough(const BraidWork& work) {
+  std::lock_guard<std::recursive_mutex> running(runMutex_);
+  while (!work.done() && runNext()) {
+  }
+}
+
+void Calls::serve() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(queueMutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+    }
+    std::lock_guard<std::recursive_mutex> running(runMutex_);
+    runNext();
+  }
+}
+
+void Calls::stop() {
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     stopping_ = true;
   }
   queued_.notify_all();
-  completer_.join();  // after every issued call completed (or failed)
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(
-    c10d::OpType type, std::vector<at::Tensor> outputs,
-    const std::function<void(std::vector<braid::Work>&)>& ops, std::function<void()> finish) {
-  Pending pending;
-  pending.work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs));
-  pending.finish = std::move(finish);
-  {
-    std::lock_guard<std::mutex> lock(issueMutex_);
-    ops(pending.works);
-    c10::intrusive_ptr<c10d::Work> work = pending.work;
-    {
-      std::lock_guard<std::mutex> queueLock(queueMutex_);
-      queue_.push_back(std::move(pending));
-    }
-    queued_.notify_one();
-    return work;
-  }
+// ---------------------------------------------------------------- the group
+
+ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                     int size, std::chrono::milliseconds timeout)
+    : BackendBase(rank, size),
+      comm_(meet(store, rank, size, timeout)),
+      calls_(std::make_shared<Calls>()),
+      runner_([calls = calls_] { calls->serve(); }) {}
+
+ProcessGroupBraid::~ProcessGroupBraid() {
+  calls_->stop();
+  runner_.join();  // after every issued call ran (or failed)
 }
 
-void ProcessGroupBraid::completeInOrder() {
-  for (;;) {
-    Pending pending;
-    {
-      std::unique_lock<std::mutex> lock(queueMutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      pending = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    std::string error;
-    for (const braid::Work& work : pending.works) {
-      try {
-        work.wait();
-      } catch (const std::exception& failure) {
-        if (error.empty()) error = failure.what();
-      }
-    }
-    if (error.empty() && pending.finish) {
-      try {
-        pending.finish();
-      } catch (const std::exception& failure) {
-        error = std::string("braid: copying the result out failed: ") + failure.what();
-      }
-    }
-    pending.finish = nullptr;  // drops the tensors it kept alive
-    pending.work->complete(error);
-  }
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
+                                                       std::vector<at::Tensor> outputs,
+                                                       std::function<void()> run,
+                                                       std::function<void()> finish) {
+  auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
+  calls_->push({work, std::move(run), std::move(finish)});
+  return work;
 }
 
 // ---- Collectives.
@@ -409,9 +436,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   const Flat f = flat(t);
   return post(
       c10d::OpType::BROADCAST, {t},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
-                                        static_cast<int>(opts.rootRank), Stream::async()));
+      [=] {
+        comm_.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
+                        static_cast<int>(opts.rootRank));
       },
       [f] { f.copyBack(); });
 }
@@ -424,10 +451,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   const Flat f = check.reducible(t, r);
   return post(
       c10d::OpType::ALLREDUCE, {t},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(
-            comm_.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op, Stream::async()));
-      },
+      [=] { comm_.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op); },
       [f] { f.copyBack(); });
 }
 
@@ -443,12 +467,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
   }
   return post(
       c10d::OpType::ALLREDUCE_COALESCED, tensors,
-      [&](std::vector<braid::Work>& works) {
+      [=] {
         const Grouped group(comm_);
         for (size_t i = 0; i < flats.size(); ++i)
-          works.push_back(comm_.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
-                                          check.type(flats[i].user), reductions[i].op,
-                                          Stream::async()));
+          comm_.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
+                          check.type(flats[i].user), reductions[i].op);
       },
       [flats] {
         for (const Flat& f : flats) f.copyBack();
@@ -465,9 +488,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
   const bool root = opts.rootRank == rank_;
   return post(
       c10d::OpType::REDUCE, {t},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
-                                     static_cast<int>(opts.rootRank), Stream::async()));
+      [=] {
+        comm_.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
+                     static_cast<int>(opts.rootRank));
       },
       [f, root] {
         if (root) f.copyBack();
@@ -488,10 +511,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
   std::vector<at::Tensor> outs = outputs[0];
   return post(
       c10d::OpType::ALLGATHER, outs,
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in),
-                                        Stream::async()));
-      },
+      [=] { comm_.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in)); },
       [f, gathered, outs] {
         const int64_t n = f.data.numel();
         for (size_t r = 0; r < outs.size(); ++r)
@@ -514,10 +534,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
   const Flat in = flat(input), out = flat(output);
   return post(
       c10d::OpType::_ALLGATHER_BASE, {output},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.allGather(in.bytes(), out.bytes(), in.count(), check.type(input),
-                                        Stream::async()));
-      },
+      [=] { comm_.allGather(in.bytes(), out.bytes(), in.count(), check.type(input)); },
       [in, out] { out.copyBack(); });
 }
 
@@ -532,16 +549,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
   const Flat f = flat(in);
   return post(
       c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
-      [&](std::vector<braid::Work>& works) {
+      [=] {
         const Grouped group(comm_);
         if (rank_ != root) {
-          works.push_back(comm_.send(f.bytes(), f.count(), check.type(in), root, Stream::async()));
+          comm_.send(f.bytes(), f.count(), check.type(in), root);
           return;
         }
         for (int r = 0; r < size_; ++r)
-          if (r != root)
-            works.push_back(
-                comm_.recv(outs[r].bytes(), outs[r].count(), check.type(in), r, Stream::async()));
+          if (r != root) comm_.recv(outs[r].bytes(), outs[r].count(), check.type(in), r);
       },
       [f, outs, root] {
         if (outs.empty()) return;
@@ -561,16 +576,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
   const Flat f = flat(out);
   return post(
       c10d::OpType::SCATTER, {out},
-      [&](std::vector<braid::Work>& works) {
+      [=] {
         const Grouped group(comm_);
         if (rank_ != root) {
-          works.push_back(comm_.recv(f.bytes(), f.count(), check.type(out), root, Stream::async()));
+          comm_.recv(f.bytes(), f.count(), check.type(out), root);
           return;
         }
         for (int r = 0; r < size_; ++r)
-          if (r != root)
-            works.push_back(
-                comm_.send(ins[r].bytes(), ins[r].count(), check.type(out), r, Stream::async()));
+          if (r != root) comm_.send(ins[r].bytes(), ins[r].count(), check.type(out), r);
       },
       [f, ins, root] {
         if (!ins.empty()) f.data.copy_(ins[root].data.view(f.data.sizes()));
@@ -595,10 +608,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
   const Flat f = flat(out);
   return post(
       c10d::OpType::REDUCE_SCATTER, {out},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op,
-                                            Stream::async()));
-      },
+      [=] { comm_.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op); },
       [in, f] { f.copyBack(); });
 }
 
@@ -618,10 +628,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
   const Flat in = check.reducible(input, r), out = flat(output);
   return post(
       c10d::OpType::_REDUCE_SCATTER_BASE, {output},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.reduceScatter(in.bytes(), out.bytes(), out.count(),
-                                            check.type(output), r.op, Stream::async()));
-      },
+      [=] { comm_.reduceScatter(in.bytes(), out.bytes(), out.count(), check.type(output), r.op); },
       [in, out] { out.copyBack(); });
 }
 
@@ -672,16 +679,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
   const int self = rank_;
   return post(
       c10d::OpType::ALLTOALL_BASE, {output},
-      [&](std::vector<braid::Work>& works) {
+      [=] {
         const Grouped group(comm_);
         for (int r = 0; r < size_; ++r) {
           if (r == rank_) continue;
           if (sendCounts[r] > 0)
-            works.push_back(comm_.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]),
-                                       type, r, Stream::async()));
+            comm_.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]), type, r);
           if (recvCounts[r] > 0)
-            works.push_back(comm_.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]),
-                                       type, r, Stream::async()));
+            comm_.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]), type, r);
         }
       },
       [in, out, self, at = sendAt[self], to = recvAt[self], n = sendCounts[self]] {
@@ -709,14 +714,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
   const int self = rank_;
   return post(
       c10d::OpType::ALLTOALL, outputs,
-      [&](std::vector<braid::Work>& works) {
+      [=] {
         const Grouped group(comm_);
         for (int r = 0; r < size_; ++r) {
           if (r == rank_) continue;
-          if (ins[r].count() > 0)
-            works.push_back(comm_.send(ins[r].bytes(), ins[r].count(), type, r, Stream::async()));
-          if (outs[r].count() > 0)
-            works.push_back(comm_.recv(outs[r].bytes(), outs[r].count(), type, r, Stream::async()));
+          if (ins[r].count() > 0) comm_.send(ins[r].bytes(), ins[r].count(), type, r);
+          if (outs[r].count() > 0) comm_.recv(outs[r].bytes(), outs[r].count(), type, r);
         }
       },
       [ins, outs, self] {
@@ -735,10 +738,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
   if (dstRank == rank_) check.refuse("a rank cannot send to itself");
   const Flat f = flat(t);
   return post(
-      c10d::OpType::SEND, {t},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.send(f.bytes(), f.count(), check.type(t), dstRank, Stream::async()));
-      },
+      c10d::OpType::SEND, {t}, [=] { comm_.send(f.bytes(), f.count(), check.type(t), dstRank); },
       [f] {});
 }
 
@@ -750,17 +750,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
   if (srcRank == rank_) check.refuse("a rank cannot receive from itself");
   const Flat f = flat(t);
   return post(
-      c10d::OpType::RECV, {t},
-      [&](std::vector<braid::Work>& works) {
-        works.push_back(comm_.recv(f.bytes(), f.count(), check.type(t), srcRank, Stream::async()));
-      },
+      c10d::OpType::RECV, {t}, [=] { comm_.recv(f.bytes(), f.count(), check.type(t), srcRank); },
       [f] { f.copyBack(); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return post(c10d::OpType::BARRIER, {}, [&](std::vector<braid::Work>& works) {
-    works.push_back(comm_.barrier(Stream::async()));
-  });
+  return post(c10d::OpType::BARRIER, {}, [=] { comm_.barrier(); });
 }
 
 c10::intrusive_ptr<BackendBase> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,

@@ -1,10 +1,13 @@
 // The torch.distributed backend "braid": a c10d process group (torch 1.x) or
 // backend (torch 2.x) whose collectives run on a braid communicator.
 //
-// Every call is issued on braid's progress thread (Stream::async()) and
-// returns at once; one completion thread per group waits for braid's ops in
-// issue order, copies results back where a tensor had to be staged, and
-// completes the torch Work and its future. So DDP's bucket all-reduces run
+// Every call is checked and queued, and returns at once. The group's calls
+// run in issue order, one at a time: on the group's own thread, or inline
+// in a thread that waits for one of them (Work::wait(), as a blocking
+// dist.all_reduce does), which then runs the queue up to it, so a blocking
+// call costs no hand-off between threads. Running a call means braid's
+// blocking op, copying results back where a tensor had to be staged, and
+// completing the torch Work and its future. So DDP's bucket all-reduces run
 // while the backward pass goes on, and a future completes without anyone
 // calling wait().
 #pragma once
@@ -39,20 +42,55 @@ using BackendBase = c10d::Backend;  // torch 2 wraps a backend in its ProcessGro
 using BackendBase = c10d::ProcessGroup;
 #endif
 
-// A torch Work completed by the group's completion thread.
+class Calls;
+
+// A torch Work, completed by whoever runs its call.
 class BraidWork : public c10d::Work {
  public:
-  BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+            std::shared_ptr<Calls> calls);
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
 
+  bool done() const;
   // Marks the work and its future done; `error` empty means success.
   void complete(const std::string& error);
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<Calls> calls_;  // (a Work may outlive its group)
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// A group's issued calls, run in issue order by one runner at a time.
+class Calls {
+ public:
+  struct Call {
+    c10::intrusive_ptr<BraidWork> work;
+    std::function<void()> run;     // braid's op(s), blocking
+    std::function<void()> finish;  // then: copy staged results back
+  };
+
+  void push(Call call);
+  // Runs queued calls until `work` is done (or nothing is queued).
+  void runThrough(const BraidWork& work);
+  // The group's thread: runs calls as they come until stop() and empty.
+  void serve();
+  void stop();
+
+ private:
+  bool runNext();  // with runMutex_ held
+
+  // Held by the one runner. Recursive: a future's callback (run by the
+  // runner as it completes a call) may wait for a later call, which the
+  // same thread then runs.
+  std::recursive_mutex runMutex_;
+  std::mutex queueMutex_;
+  std::condition_variable queued_;
+  std::deque<Call> queue_;
+  bool stopping_ = false;
 };
 
 class ProcessGroupBraid : public BackendBase {
@@ -104,29 +142,15 @@ class ProcessGroupBraid : public BackendBase {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
  private:
-  // One issued call: braid's ops for it, what to do once they all
-  // finished (copy staged results back), and the torch Work to complete.
-  struct Pending {
-    std::vector<braid::Work> works;
-    std::function<void()> finish;
-    c10::intrusive_ptr<BraidWork> work;
-  };
-
-  // Issues `ops` (which call the communicator with Stream::async()) under
-  // the issue lock and hands the result to the completion thread.
+  // Queues a call: `run` makes braid's blocking call(s) on comm_ (the
+  // arguments checked already, captured by value), `finish` copies staged
+  // results back.
   c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                      const std::function<void(std::vector<braid::Work>&)>& ops,
-                                      std::function<void()> finish = {});
-  void completeInOrder();
+                                      std::function<void()> run, std::function<void()> finish = {});
 
   braid::Communicator comm_;
-  std::mutex issueMutex_;  // callers of one group may be several threads
-
-  std::mutex queueMutex_;
-  std::condition_variable queued_;
-  std::deque<Pending> queue_;
-  bool stopping_ = false;
-  std::thread completer_;
+  std::shared_ptr<Calls> calls_;
+  std::thread runner_;
 };
 
 // The creator torch.distributed calls (Backend.register_backend).

@@ -317,6 +317,20 @@ def test_futures(rank, size, gloo):
         check(works[i].is_completed() and works[i].is_success(), f"work {i} not completed")
         check(torch.equal(futures[i].value()[0], t), f"future {i}'s value is not the tensor")
     check(order == list(range(20)), f"futures completed in the order {order}")
+
+    # A future's callback may make a blocking call of its own (the thread
+    # that completes the future runs it too).
+    inner = []
+
+    def chained(fut):
+        u = torch.ones(4)
+        dist.all_reduce(u)
+        inner.append(u)
+        return fut.value()
+
+    chain = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(chained)
+    chain.wait()
+    check(len(inner) == 1 and bool((inner[0] == size).all()), f"the callback's all_reduce gave {inner}")
     check(dist.get_backend() == "braid", dist.get_backend())
 
 
