@@ -52,7 +52,7 @@ class BraidWork : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
-  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;  // 0: none
 
   bool done() const;
   // Marks the work and its future done; `error` empty means success.

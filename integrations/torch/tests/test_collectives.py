@@ -334,9 +334,28 @@ def test_futures(rank, size, gloo):
     check(dist.get_backend() == "braid", dist.get_backend())
 
 
+def test_new_group(rank, size, gloo):
+    import torch
+    import torch.distributed as dist
+
+    # A group of the first two ranks and one of the others (when there are
+    # others): each has a communicator of its own, numbered from 0.
+    first = dist.new_group([0, 1])
+    rest = dist.new_group(list(range(2, size))) if size > 2 else None
+    t = torch.full((5,), float(rank))
+    if rank < 2:
+        dist.all_reduce(t, group=first)
+        same(t, torch.full((5,), 1.0), torch.float32, 2, "all_reduce in the group of ranks 0 and 1")
+        check(dist.get_rank(first) == rank and dist.get_backend(first) == "braid", "the new group's rank or backend")
+    elif rest is not None:
+        dist.all_reduce(t, group=rest)
+        same(t, torch.full((5,), float(sum(range(2, size)))), torch.float32, size, "all_reduce in the other group")
+    dist.all_reduce(torch.ones(1))  # the world group still works after
+
+
 def test_all(rank, size, gloo):
     for test in (test_reductions, test_premul_sum, test_coalesced, test_data_movement,
-                 test_all_to_all, test_point_to_point, test_futures):
+                 test_all_to_all, test_point_to_point, test_futures, test_new_group):
         test(rank, size, gloo)
 
 
