@@ -48,6 +48,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import socket
 import statistics
 import sys
@@ -440,6 +441,24 @@ def print_gradient_table(summary, opts):
     print()
 
 
+def braid_perf_times(opts):
+    """braid-perf's in-place all-reduce time per size (µs, mean per call, the
+    slowest rank's: nccl-tests' convention) at the same sizes and ranks, run
+    right after the torch sweep; {} where braid-perf is not built."""
+    run, perf = os.path.join(opts.bin, "braid-run"), os.path.join(opts.bin, "braid-perf")
+    if not (os.access(run, os.X_OK) and os.access(perf, os.X_OK)):
+        return {}
+    low, high = min(opts.sweep_bytes), max(opts.sweep_bytes)
+    done = subprocess.run([run, "-n", str(WORLD_SIZE), perf, "allreduce", "-b", str(low), "-e", str(high),
+                           "-f", "2", "-w", "5", "-n", "50"], capture_output=True, text=True, timeout=600)
+    times = {}
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 13 and fields[0].isdigit():  # size count type op root | time algbw busbw wrong (out, in place)
+            times[int(fields[0])] = float(fields[9])
+    return times
+
+
 def print_sweep_table(summary, opts):
     print("### dist.all_reduce, float32 sum, in place\n")
     print(
@@ -448,15 +467,24 @@ def print_sweep_table(summary, opts):
         f"backend); algbw = bytes / time, busbw = algbw * 2(n-1)/n = algbw for n = {WORLD_SIZE}; "
         "GB/s = 1e9 B/s.\n"
     )
+    perf = summary.get("braid_perf_us", {})
+    if perf:
+        print("braid-perf µs: `braid-run -n 2 braid-perf allreduce` in place at the same sizes, run right after "
+              "(mean per call of the slowest rank, back to back); ratio = braid µs / braid-perf µs.\n")
     header = ["size"]
     for backend in BACKENDS:
         header += [f"{backend} µs", f"{backend} algbw GB/s", f"{backend} busbw GB/s"]
+        if backend == "braid" and perf:
+            header += ["braid-perf µs", "ratio"]
     rows = []
     for row in summary["sweep"]:
         cells = [human_bytes(row["bytes"])]
         for backend in BACKENDS:
             entry = row[backend]
             cells += [f"{entry['time_s'] * 1e6:.1f}", f"{entry['algbw_GBps']:.3g}", f"{entry['busbw_GBps']:.3g}"]
+            if backend == "braid" and perf:
+                bare = perf.get(str(row["bytes"])) or perf.get(row["bytes"])
+                cells += [f"{bare:.1f}", f"{entry['time_s'] * 1e6 / bare:.2f}"] if bare else ["", ""]
         rows.append(cells)
     print(table(header, rows))
 
@@ -499,6 +527,8 @@ def parse_args():
     parser.add_argument("--sweep-seconds", type=float, default=None, help="all_reduce time per size and backend")
     parser.add_argument("--op-timeout", type=float, default=120, help="process-group timeout, seconds")
     parser.add_argument("--json", metavar="FILE", help="also write the summary and every rank's raw times as JSON")
+    parser.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin"),
+                        help="where braid-run and braid-perf are (for the braid-perf column; default build/bin)")
     opts = parser.parse_args()
     opts.warmup = opts.warmup if opts.warmup is not None else (1 if opts.quick else 5)
     opts.steps = opts.steps if opts.steps is not None else (3 if opts.quick else 30)
@@ -516,6 +546,7 @@ def main():
     started = time.monotonic()
     ranks = run_ranks(opts)
     summary = summarize(ranks, opts)
+    summary["braid_perf_us"] = braid_perf_times(opts)
     machine = machine_info()
     print_report(summary, machine, opts)
     print(f"\n(total {time.monotonic() - started:.0f} s)", file=sys.stderr)
