@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "braid/error.h"
+#include "core/cpu_relax.h"
 #include "core/errors.h"
 
 namespace braid::exec {
@@ -26,14 +27,6 @@ constexpr Clock::duration kPureSpin = std::chrono::microseconds(5);
 constexpr Clock::duration kQuickAnswer = std::chrono::microseconds(2);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // Idle turns spun before the clock is first read (about a microsecond).
 constexpr unsigned kUncountedTurns = 32;
 

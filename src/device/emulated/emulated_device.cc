@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_relax.h"
 #include "core/errors.h"
 #include "core/knobs.h"
 #include "device/cuda/element_ops.h"
@@ -45,14 +46,6 @@ void raiseAndWake(uint32_t* word, uint32_t value) {
       !__atomic_compare_exchange_n(word, &seen, value, false, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
   }
   ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 // How long one futex sleep lasts: a waiter whose wake-up was lost (it
