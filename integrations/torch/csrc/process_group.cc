@@ -65,29 +65,11 @@ std::optional<DataType> braidType(at::ScalarType type) {
   }
 }
 
+// c10d's names, in RedOpType's order (SUM = 0 … PREMUL_SUM = 8).
 const char* opName(c10d::ReduceOp::RedOpType op) {
-  switch (op) {
-    case c10d::ReduceOp::SUM:
-      return "SUM";
-    case c10d::ReduceOp::AVG:
-      return "AVG";
-    case c10d::ReduceOp::PRODUCT:
-      return "PRODUCT";
-    case c10d::ReduceOp::MIN:
-      return "MIN";
-    case c10d::ReduceOp::MAX:
-      return "MAX";
-    case c10d::ReduceOp::BAND:
-      return "BAND";
-    case c10d::ReduceOp::BOR:
-      return "BOR";
-    case c10d::ReduceOp::BXOR:
-      return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM:
-      return "PREMUL_SUM";
-    default:
-      return "UNUSED";
-  }
+  static const char* const kNames[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
+                                       "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
+  return op < c10d::ReduceOp::UNUSED ? kNames[op] : "UNUSED";
 }
 
 // A reduction as braid runs it: the op, and for PREMUL_SUM the factor the
@@ -737,9 +719,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
   check.rankArgument(dstRank, "destination");
   if (dstRank == rank_) check.refuse("a rank cannot send to itself");
   const Flat f = flat(t);
-  return post(
-      c10d::OpType::SEND, {t}, [=] { comm_.send(f.bytes(), f.count(), check.type(t), dstRank); },
-      [f] {});
+  return post(c10d::OpType::SEND, {t},
+              [=] { comm_.send(f.bytes(), f.count(), check.type(t), dstRank); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors,
