@@ -332,20 +332,24 @@ Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int si
 // ---------------------------------------------------------------- Calls
 
 void Calls::push(Call call) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
+    call.queued = lastPush_ = Clock::now();
     queue_.push_back(std::move(call));
+    wake = eager_ || sleeping_;
   }
-  queued_.notify_one();
+  if (wake) queued_.notify_one();
 }
 
-bool Calls::runNext() {
+bool Calls::runNext(bool ownThread) {
   Call call;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     if (queue_.empty()) return false;
     call = std::move(queue_.front());
     queue_.pop_front();
+    eager_ = ownThread;  // the group's thread ran it: nobody claimed it in time
   }
   std::string error;
   try {
@@ -354,26 +358,52 @@ bool Calls::runNext() {
   } catch (const std::exception& failure) {
     error = failure.what();
   }
-  call = Call{std::move(call.work)};  // drops the tensors the closures kept alive
+  call.run = nullptr;  // drops the tensors the closures kept alive
+  call.finish = nullptr;
   call.work->complete(error);
   return true;
 }
 
 void Calls::runThrough(const BraidWork& work) {
-  std::lock_guard<std::recursive_mutex> running(runMutex_);
-  while (!work.done() && runNext()) {
+  std::unique_lock<std::recursive_mutex> running(runMutex_, std::try_to_lock);
+  if (!running.owns_lock()) {
+    // The group's thread runs a call (perhaps this one): leave the next
+    // ones to their waiters again.
+    {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      eager_ = false;
+    }
+    running.lock();
+  }
+  while (!work.done() && runNext(false)) {
   }
 }
 
 void Calls::serve() {
+  std::unique_lock<std::mutex> lock(queueMutex_);
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(queueMutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+    if (queue_.empty()) {
+      if (stopping_) return;
+      if (eager_ || Clock::now() - lastPush_ >= kLinger) {
+        sleeping_ = true;
+        queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        sleeping_ = false;
+      } else {
+        queued_.wait_for(lock, kPoll);
+      }
+      continue;
     }
-    std::lock_guard<std::recursive_mutex> running(runMutex_);
-    runNext();
+    const Clock::time_point due = queue_.front().queued + kGrace;
+    if (!eager_ && !stopping_ && Clock::now() < due) {
+      queued_.wait_until(lock, due);
+      continue;
+    }
+    lock.unlock();
+    {
+      std::lock_guard<std::recursive_mutex> running(runMutex_);
+      runNext(true);
+    }
+    lock.lock();
   }
 }
 

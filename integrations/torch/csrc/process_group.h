@@ -65,12 +65,24 @@ class BraidWork : public c10d::Work {
 };
 
 // A group's issued calls, run in issue order by one runner at a time.
+//
+// Who runs a call: while the group's calls are being waited for as they
+// are issued (blocking dist.all_reduce), the group's thread leaves each
+// call to its waiter for kGrace, so a blocking call runs in its caller's
+// thread and the group's thread is not woken for it (on a busy host that
+// wake-up preempts a rank in the middle of a collective). A call nobody
+// claims within kGrace runs on the group's thread, and from then on calls
+// go to the group's thread as they come (DDP's bucket all-reduces, futures
+// with callbacks), until a waiter again finds its call already taken.
 class Calls {
  public:
+  using Clock = std::chrono::steady_clock;
+
   struct Call {
     c10::intrusive_ptr<BraidWork> work;
     std::function<void()> run;     // braid's op(s), blocking
     std::function<void()> finish;  // then: copy staged results back
+    Clock::time_point queued{};
   };
 
   void push(Call call);
@@ -81,15 +93,25 @@ class Calls {
   void stop();
 
  private:
-  bool runNext();  // with runMutex_ held
+  // How long a freshly issued call waits for its caller to claim it.
+  static constexpr std::chrono::microseconds kGrace{50};
+  // While calls were issued in the last kLinger, the group's thread looks
+  // for unclaimed ones every kPoll instead of being woken for each.
+  static constexpr std::chrono::microseconds kPoll{200};
+  static constexpr std::chrono::milliseconds kLinger{5};
+
+  bool runNext(bool ownThread);  // with runMutex_ held
 
   // Held by the one runner. Recursive: a future's callback (run by the
   // runner as it completes a call) may wait for a later call, which the
   // same thread then runs.
   std::recursive_mutex runMutex_;
-  std::mutex queueMutex_;
+  std::mutex queueMutex_;  // guards what follows
   std::condition_variable queued_;
   std::deque<Call> queue_;
+  Clock::time_point lastPush_{};
+  bool eager_ = false;     // the group's thread takes calls as they come
+  bool sleeping_ = false;  // the group's thread waits to be woken
   bool stopping_ = false;
 };
 

@@ -6,6 +6,7 @@ every rank's inputs (each rank can make any rank's inputs).
     /usr/bin/python3 test_collectives.py NRANKS
 """
 import functools
+import time
 import warnings
 
 warnings.filterwarnings("ignore", message=".*private function.*")
@@ -317,6 +318,18 @@ def test_futures(rank, size, gloo):
         check(works[i].is_completed() and works[i].is_success(), f"work {i} not completed")
         check(torch.equal(futures[i].value()[0], t), f"future {i}'s value is not the tensor")
     check(order == list(range(20)), f"futures completed in the order {order}")
+
+    # After blocking calls (each run by the thread that waits for it), a call
+    # that nobody waits for still runs: here the ranks only poll its future.
+    for _ in range(50):
+        dist.all_reduce(torch.ones(8))
+    polled = torch.ones(8)
+    future = dist.all_reduce(polled, async_op=True).get_future()
+    deadline = time.monotonic() + 10
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    check(future.done(), "an async all_reduce that nobody waits for did not complete in 10 s")
+    same(polled, torch.full((8,), float(size)), torch.float32, size, "the polled all_reduce")
 
     # A future's callback may make a blocking call of its own (the thread
     # that completes the future runs it too).
