@@ -38,7 +38,9 @@ instead of on whichever happened to run then.
 2. dist.all_reduce (sum, float32, in place, synchronous) from 8 B to 64 MiB
    in powers of 2: median time per call over an iteration count calibrated
    to about --sweep-seconds per size and backend (run in 5 alternating
-   chunks), algbw = bytes / time, and busbw = algbw * 2(n-1)/n
+   chunks, each after QUIET_S of quiet: Gloo's threads stay busy for a
+   while after its calls, and on 2 cores what they leave behind slows
+   whichever backend's chunk comes next), algbw = bytes / time, and busbw = algbw * 2(n-1)/n
    (nccl-tests' convention; with n = 2 ranks busbw equals algbw). The first
    and last call of each size are checked: ranks fill in rank + 1, and the
    sum must be 3 in every element.
@@ -69,6 +71,7 @@ BUCKETS_MB = (1, 25, 100)
 SWEEP_BYTES = [1 << k for k in range(3, 27)]  # 8 B .. 64 MiB
 QUICK_SWEEP_BYTES = [1 << k for k in range(3, 21, 4)]  # 8 B .. 512 KiB, x16
 SWEEP_CHUNKS = 5
+QUIET_S = 0.02  # idle time before each timed chunk of the sweep
 RUN_TIMEOUT_S = 1800
 
 
@@ -253,6 +256,8 @@ def measure_allreduce_sweep(rank, groups, control, opts):
         for round_ in range(SWEEP_CHUNKS):
             for backend in rotated(list(BACKENDS), round_):
                 tensor, group = tensors[backend], groups[backend]
+                dist.barrier(group=control)
+                time.sleep(QUIET_S)
                 dist.barrier(group=control)
                 dist.all_reduce(tensor, group=group)  # absorbs the skew of leaving the barrier
                 times[backend] += [timed(lambda: dist.all_reduce(tensor, group=group)) for _ in range(chunk[backend])]
@@ -464,7 +469,7 @@ def print_sweep_table(summary, opts):
     print(
         f"Median µs per call (slowest rank); calls per size and backend calibrated to ~{opts.sweep_seconds:g} s "
         f"({opts.sweep_min_iters}..{opts.sweep_max_iters}, in {SWEEP_CHUNKS} chunks alternating with the other "
-        f"backend); algbw = bytes / time, busbw = algbw * 2(n-1)/n = algbw for n = {WORLD_SIZE}; "
+        f"backend, each after {QUIET_S * 1000:g} ms idle); algbw = bytes / time, busbw = algbw * 2(n-1)/n = algbw for n = {WORLD_SIZE}; "
         "GB/s = 1e9 B/s.\n"
     )
     perf = summary.get("braid_perf_us", {})
