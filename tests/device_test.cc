@@ -22,6 +22,7 @@
 
 #include "core/errors.h"
 #include "core/introspect.h"
+#include "device_cases.h"
 #include "device_support.h"
 #include "multirank.h"
 #include "reference.h"
@@ -34,18 +35,6 @@ using std::chrono::steady_clock;
 
 int deviceOf(const Communicator&) { return device::current()->current(); }
 
-enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter };
-
-const char* collName(Coll c) {
-  static const char* const kNames[] = {"allReduce", "broadcast", "reduce", "allGather",
-                                       "reduceScatter"};
-  return kNames[static_cast<int>(c)];
-}
-
-bool reduces(Coll c) {
-  return c == Coll::AllReduce || c == Coll::Reduce || c == Coll::ReduceScatter;
-}
-
 const std::vector<DataType> kAllTypes = {
     DataType::Int8,    DataType::Uint8,    DataType::Int32,      DataType::Uint32,
     DataType::Int64,   DataType::Uint64,   DataType::Float16,    DataType::Float32,
@@ -57,92 +46,6 @@ const std::vector<DataType> kCommonTypes = {DataType::Int32, DataType::Float32, 
 const std::vector<ReduceOp> kCommonOps = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg};
 // Odd counts, one that spans several 64 KiB slots and pipeline chunks.
 const std::vector<size_t> kCounts = {0, 1, 7, 1023, (1 << 16) + 3};
-
-struct Case {
-  Coll coll;
-  DataType type;
-  ReduceOp op;
-  size_t count;  // per rank for all-gather and reduce-scatter
-  bool inPlace;
-  int root;
-};
-
-std::string label(const Case& c, int nranks) {
-  return std::string(collName(c.coll)) + " " + dataTypeName(c.type) + " " + reduceOpName(c.op) +
-         " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
-         " root " + std::to_string(c.root) + " at " + std::to_string(nranks) + " ranks: ";
-}
-
-// Runs one case on device buffers on this rank, then checks its result on
-// the host; "" when right.
-std::string runCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed) {
-  const int n = comm.size(), r = comm.rank(), dev = deviceOf(comm);
-  const size_t size = dataTypeSize(c.type);
-  const bool gathers = c.coll == Coll::AllGather, scatters = c.coll == Coll::ReduceScatter;
-  const size_t sendCount = scatters ? c.count * n : c.count;
-  const size_t recvCount = gathers ? c.count * n : c.count;
-  DeviceBuffer send(dev, sendCount * size), recv(dev, recvCount * size);
-  send.upload(poisoned(c.type, sendCount));
-  recv.upload(poisoned(c.type, recvCount));
-  std::vector<std::byte> input(sendCount * size);
-  fillInput(c.type, c.op, seed, r, 0, sendCount, input.data());
-  Work work;
-  switch (c.coll) {
-    case Coll::AllReduce:
-      send.upload(input);
-      work = comm.allReduce(send.data(), c.inPlace ? send.data() : recv.data(), c.count, c.type,
-                            c.op, stream.stream());
-      break;
-    case Coll::Broadcast:
-      if (r == c.root) (c.inPlace ? recv : send).upload(input);
-      work = comm.broadcast(c.inPlace ? recv.data() : (r == c.root ? send.data() : nullptr),
-                            recv.data(), c.count, c.type, c.root, stream.stream());
-      break;
-    case Coll::Reduce:
-      send.upload(input);
-      work = comm.reduce(send.data(), c.inPlace ? send.data() : recv.data(), c.count, c.type, c.op,
-                         c.root, stream.stream());
-      break;
-    case Coll::AllGather: {
-      std::byte* in = c.inPlace ? recv.data() + r * c.count * size : send.data();
-      device::current()->copyNow(in, input.data(), input.size());
-      work = comm.allGather(in, recv.data(), c.count, c.type, stream.stream());
-      break;
-    }
-    case Coll::ReduceScatter:
-      send.upload(input);
-      work = comm.reduceScatter(send.data(),
-                                c.inPlace ? send.data() + r * c.count * size : recv.data(), c.count,
-                                c.type, c.op, stream.stream());
-      break;
-  }
-  stream.synchronize();
-  work.wait();
-  if (!work.test()) return label(c, n) + "Work::test() is false after the stream finished";
-  const bool outInSend = c.inPlace && c.coll != Coll::Broadcast && c.coll != Coll::AllGather;
-  const std::vector<std::byte> out = (outInSend ? send : recv).download();
-  std::string problem;
-  switch (c.coll) {
-    case Coll::AllReduce:
-      problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out.data());
-      break;
-    case Coll::Broadcast:
-      problem = checkCopied(c.type, c.op, seed, c.root, 0, c.count, out.data());
-      break;
-    case Coll::Reduce:
-      if (r == c.root) problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out.data());
-      break;
-    case Coll::AllGather:
-      for (int b = 0; b < n && problem.empty(); ++b)
-        problem = checkCopied(c.type, c.op, seed, b, 0, c.count, out.data() + b * c.count * size);
-      break;
-    case Coll::ReduceScatter:
-      problem = checkReduced(c.type, c.op, seed, n, r * c.count, c.count,
-                             out.data() + (c.inPlace ? r * c.count * size : 0));
-      break;
-  }
-  return problem.empty() ? "" : label(c, n) + problem;
-}
 
 class DeviceTest : public ::testing::TestWithParam<const char*> {
  protected:
@@ -189,9 +92,6 @@ class DeviceTest : public ::testing::TestWithParam<const char*> {
         options());
   }
 };
-
-const std::vector<Coll> kAllColls = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce,
-                                     Coll::AllGather, Coll::ReduceScatter};
 
 // ---- Every collective against the reference.
 
