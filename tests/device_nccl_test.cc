@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -136,6 +137,83 @@ TEST_P(DeviceNccl, EveryCollectiveAndGroupedSendRecvOnDeviceBuffersAt3Ranks) {
                              static_cast<void*>(sends), static_cast<void*>(recvs)})
           check(ncclMemFree(memory), "ncclMemFree");
         check(ncclCommDestroy(comm), "ncclCommDestroy");
+      },
+      options());
+}
+
+// NCCL's single-process model: one thread makes a communicator per device
+// with ncclCommInitAll (a device may repeat), allocates on each device
+// after choosing it (as cudaSetDevice would), and issues an all-reduce and
+// a ring of sends and receives on every communicator inside one
+// ncclGroupStart/End; nothing waits until the streams are synchronized.
+TEST_P(DeviceNccl, CommInitAllAndGroupsAcrossCommunicatorsFromOneThread) {
+  runProcesses(
+      1,
+      [](int, const UniqueId&, const Config&) {
+        device::Device& dev = *device::current();
+        const int kDevices[] = {0, 1 % dev.count(), 1 % dev.count()};
+        constexpr int kRanks = 3;
+        ncclComm_t comms[kRanks] = {};
+        check(ncclCommInitAll(comms, kRanks, kDevices), "ncclCommInitAll");
+        const size_t count = 70001;
+        std::vector<std::unique_ptr<TestStream>> streams;
+        std::vector<float*> sums;
+        std::vector<int32_t*> sends, recvs;
+        for (int r = 0; r < kRanks; ++r) {
+          int device = -1, rank = -1, size = -1;
+          check(ncclCommCuDevice(comms[r], &device), "ncclCommCuDevice");
+          check(ncclCommUserRank(comms[r], &rank), "ncclCommUserRank");
+          check(ncclCommCount(comms[r], &size), "ncclCommCount");
+          require(device == kDevices[r] && rank == r && size == kRanks,
+                  format("communicator %d: device %d, rank %d of %d", r, device, rank, size));
+          dev.setCurrent(device);
+          streams.push_back(std::make_unique<TestStream>(device));
+          std::vector<float> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((r + 1) * (i % 977));
+          sums.push_back(deviceCopyOf(mine));
+          require(dev.deviceOf(sums.back()) == device,
+                  format("ncclMemAlloc after choosing device %d gave memory of %d", device,
+                         dev.deviceOf(sums.back())));
+          std::vector<int32_t> tagged(count);
+          for (size_t i = 0; i < count; ++i) tagged[i] = static_cast<int32_t>(r * 1000003 + i);
+          sends.push_back(deviceCopyOf(tagged));
+          recvs.push_back(deviceCopyOf(std::vector<int32_t>(count, -1)));
+        }
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < kRanks; ++r) {
+          auto stream = static_cast<cudaStream_t>(streams[r]->handle());
+          check(ncclAllReduce(sums[r], sums[r], count, ncclFloat32, ncclSum, comms[r], stream),
+                "ncclAllReduce");
+          check(ncclSend(sends[r], count, ncclInt32, (r + 1) % kRanks, comms[r], stream),
+                "ncclSend");
+          check(ncclRecv(recvs[r], count, ncclInt32, (r + kRanks - 1) % kRanks, comms[r], stream),
+                "ncclRecv");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        for (auto& stream : streams) stream->synchronize();
+        for (int r = 0; r < kRanks; ++r) {
+          const std::vector<float> sum = hostCopyOf(sums[r], count);
+          for (size_t i = 0; i < count; ++i)
+            require(sum[i] == static_cast<float>(6 * (i % 977)),
+                    format("rank %d's all-reduce element %zu is %g", r, i, sum[i]));
+          const int from = (r + kRanks - 1) % kRanks;
+          const std::vector<int32_t> got = hostCopyOf(recvs[r], count);
+          for (size_t i = 0; i < count; ++i)
+            require(got[i] == static_cast<int32_t>(from * 1000003 + i),
+                    format("rank %d's element %zu from rank %d is %d", r, i, from, got[i]));
+          for (void* memory : {static_cast<void*>(sums[r]), static_cast<void*>(sends[r]),
+                               static_cast<void*>(recvs[r])})
+            check(ncclMemFree(memory), "ncclMemFree");
+        }
+        for (ncclComm_t comm : comms) check(ncclCommDestroy(comm), "ncclCommDestroy");
+
+        // A device this process does not have: refused, naming the entry.
+        const int bad[] = {0, dev.count()};
+        ncclComm_t never[2] = {};
+        require(ncclCommInitAll(never, 2, bad) == ncclInvalidArgument,
+                "ncclCommInitAll accepted a missing device");
+        require(std::string(ncclGetLastError(nullptr)).find("devlist[1]") != std::string::npos,
+                std::string("the message does not name devlist[1]: ") + ncclGetLastError(nullptr));
       },
       options());
 }

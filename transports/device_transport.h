@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace braid::transport {
@@ -58,15 +59,15 @@ struct PeerNotice {
 class DeviceTransport {
  public:
   virtual ~DeviceTransport() = default;
-  virtual const char* name() const = 0;
   virtual size_t slotBytes() const = 0;
   virtual int slots() const = 0;
   // The connection to `peer` (this rank included), or nullptr when the
   // transport cannot reach it (another host).
   virtual DeviceConnection* connection(int peer) = 0;
-  // How `peer`'s memory is reached from this rank: "same device", "peer
-  // access", ... (for braid-info).
-  virtual const char* path(int peer) const = 0;
+  // How `peer`'s memory is reached from this rank, for braid-info: "self",
+  // or the transport and the way, e.g. "nvlink_p2p: peer access",
+  // "cuda_ipc: same device", "cuda_ipc: staged through host memory".
+  virtual std::string path(int peer) const = 0;
 
   // Appends every notice that arrived since the last call, without
   // waiting: peers that closed or gave up (each reported once) and what

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "braid/config.h"
 #include "braid/error.h"
@@ -74,6 +75,18 @@ class Communicator {
   // (OMPI_COMM_WORLD_RANK/SIZE), MPICH/Hydra (PMI_RANK/PMI_SIZE) and Slurm
   // (SLURM_PROCID/SLURM_NTASKS), in that order.
   static Communicator fromEnvironment(const Config& config = {});
+
+  // One process driving several devices, as ncclCommInitAll: a communicator
+  // of devices.size() ranks, all in this process, rank i on devices[i] (a
+  // device may appear more than once), returned in rank order. Ranks of
+  // one process reach each other's device memory directly (nvlink_p2p);
+  // ops on device buffers only enqueue, so one thread can issue a
+  // collective on every rank in turn and then wait for their streams. A
+  // process without a device gets communicators for host buffers. Throws
+  // Error(InvalidArgument) naming the entry for an empty list or a device
+  // this process does not have.
+  static std::vector<Communicator> initAll(const std::vector<int>& devices,
+                                           const Config& config = {});
 
   Communicator();  // an empty handle; every operation on it is InvalidUsage
   Communicator(Communicator&&) noexcept;

@@ -42,7 +42,8 @@ def braid_sources():
     patterns = ["src/core/*.cc", "src/bootstrap/*.cc", "src/algorithms/*.cc", "src/exec/*.cc",
                 "src/reduce/*.cc", "src/tuning/*.cc", "src/ddp/*.cc", "src/device/*.cc",
                 "src/device/emulated/*.cc", "transports/registry.cc", "transports/tcp/*.cc",
-                "transports/self/*.cc", "transports/shm/*.cc", "transports/cuda_ipc/*.cc"]
+                "transports/self/*.cc", "transports/shm/*.cc", "transports/cuda_ipc/*.cc",
+                "transports/nvlink_p2p/*.cc"]
     return sorted(str(path) for pattern in patterns for path in ROOT.glob(pattern))
 
 

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "core/calibrate.h"
 #include "core/communicator_impl.h"
@@ -410,6 +412,39 @@ Communicator Communicator::init(int nranks, int rank, const UniqueId& id, const 
   return Communicator(std::move(impl));
 }
 
+std::vector<Communicator> Communicator::initAll(const std::vector<int>& devices,
+                                                const Config& config) {
+  if (devices.empty())
+    throw Error(ErrorCode::InvalidArgument, "braid: initAll: argument 'devices' is empty");
+  if (device::Device* device = device::current())
+    for (size_t i = 0; i < devices.size(); ++i)
+      if (devices[i] < 0 || devices[i] >= device->count())
+        throw Error(ErrorCode::InvalidArgument,
+                    format("braid: initAll: devices[%zu] is %d, and this process has %d %s "
+                           "devices (0 to %d)",
+                           i, devices[i], device->count(), device->name(), device->count() - 1));
+  const int nranks = static_cast<int>(devices.size());
+  const UniqueId id = newUniqueId(config);
+  std::vector<Communicator> ranks(devices.size());
+  std::vector<std::exception_ptr> failures(devices.size());
+  auto make = [&](int rank) {
+    try {
+      Config mine = config;
+      mine.device = devices[rank];
+      ranks[rank] = init(nranks, rank, id, mine);
+    } catch (...) {
+      failures[rank] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> others;
+  for (int rank = 1; rank < nranks; ++rank) others.emplace_back(make, rank);
+  make(0);
+  for (std::thread& thread : others) thread.join();
+  for (const std::exception_ptr& failure : failures)
+    if (failure) std::rethrow_exception(failure);
+  return ranks;
+}
+
 namespace {
 
 Communicator::Impl& usable(Communicator::Impl* impl, const char* op) {
@@ -760,7 +795,7 @@ std::vector<std::string> peerDevicePaths(const Communicator& comm) {
       continue;
     }
     const transport::DeviceTransport& transport = impl->deviceExecutor->transport();
-    paths.push_back(format("%s: %s", transport.name(), transport.path(peer)));
+    paths.push_back(transport.path(peer));
   }
   return paths;
 }

@@ -15,7 +15,7 @@ namespace braid::detail {
 std::vector<std::string> peerTransports(const Communicator& comm);
 
 // For each rank of `comm`, how device buffers reach it from this rank, e.g.
-// {"cuda_ipc: self", "cuda_ipc: same device", "cuda_ipc: peer access"}, or
+// {"self", "cuda_ipc: same device", "nvlink_p2p: peer access"}, or
 // why they cannot; empty when the communicator has no device.
 std::vector<std::string> peerDevicePaths(const Communicator& comm);
 

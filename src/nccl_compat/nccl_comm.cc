@@ -320,20 +320,22 @@ NCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int
     if (ndev < 1) return badArgument(fn, format("argument 'ndev' is %d, must be at least 1", ndev));
     if (tGroup.depth > 0)
       return failWith(ncclInvalidUsage, format("%s: not allowed inside a group", fn));
-    const braid::UniqueId id = Communicator::newUniqueId();
-    std::vector<std::unique_ptr<ncclComm>> made(static_cast<size_t>(ndev));
-    std::vector<std::function<void()>> jobs;
+    std::vector<int> devices(static_cast<size_t>(ndev));
+    for (int i = 0; i < ndev; ++i) devices[i] = devlist ? devlist[i] : i;
+    if (braid::device::Device* device = braid::device::current())
+      for (int i = 0; i < ndev; ++i)
+        if (devices[i] < 0 || devices[i] >= device->count())
+          return badArgument(
+              fn, format("argument 'devlist[%d]' is %d, and this process has %d "
+                         "%s devices (0 to %d)",
+                         i, devices[i], device->count(), device->name(), device->count() - 1));
+    std::vector<Communicator> ranks = Communicator::initAll(devices);
     for (int i = 0; i < ndev; ++i) {
-      made[i] = std::make_unique<ncclComm>();
-      made[i]->device = devlist ? devlist[i] : i;
-      jobs.push_back([&, i] {
-        braid::Config config;
-        if (braid::device::current()) config.device = made[i]->device;
-        made[i]->comm = Communicator::init(ndev, i, id, config);
-      });
+      auto comm = std::make_unique<ncclComm>();
+      comm->device = devices[i];
+      comm->comm = std::move(ranks[i]);
+      comms[i] = comm.release();
     }
-    runTogether(jobs);
-    for (int i = 0; i < ndev; ++i) comms[i] = made[i].release();
     return ncclSuccess;
   });
 }

@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "transports/cuda_ipc/unix_channel.h"
+#include "transports/nvlink_p2p/shared_blocks.h"
 
 namespace braid::transport::cuda_ipc {
 namespace {
@@ -34,6 +35,7 @@ struct Notice {
 // What each rank tells the others at set-up.
 struct Advert {
   char listener[64];
+  uint64_t process;  // nvlink_p2p::processToken()
   int32_t device;
 };
 
@@ -58,7 +60,12 @@ class CudaIpcTransport final : public DeviceTransport {
         peers_(static_cast<size_t>(nranks)) {}
 
   ~CudaIpcTransport() override {
-    for (Peer& peer : peers_) {
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      Peer& peer = peers_[r];
+      if (peer.inProcess) {  // the blocks go with their last reference
+        nvlink_p2p::withdraw(job_, rank_, static_cast<int>(r));
+        continue;
+      }
       try {
         if (peer.remote && peer.remote != peer.local) device_.unimport(peer.remote, blockBytes());
         if (peer.local) device_.free(peer.local);
@@ -71,10 +78,13 @@ class CudaIpcTransport final : public DeviceTransport {
   // After a broken device was abandoned, streams may still use the blocks:
   // they stay mapped (leaked) rather than pulled from under them.
   void keepMemory() override {
-    for (Peer& peer : peers_) peer.local = peer.remote = nullptr;
+    for (Peer& peer : peers_) {
+      if (peer.localBlock) peer.localBlock->leak();
+      if (peer.remoteBlock) peer.remoteBlock->leak();
+      peer.local = peer.remote = nullptr;
+    }
   }
 
-  const char* name() const override { return "cuda_ipc"; }
   size_t slotBytes() const override { return slotBytes_; }
   int slots() const override { return slots_; }
   size_t blockBytes() const { return kSlotsOffset + slotBytes_ * static_cast<size_t>(slots_); }
@@ -84,12 +94,14 @@ class CudaIpcTransport final : public DeviceTransport {
     return p.local ? &p.connection : nullptr;
   }
 
-  const char* path(int peer) const override {
+  std::string path(int peer) const override {
     const Peer& p = peers_[static_cast<size_t>(peer)];
     if (!p.local) return "none (another host)";
     if (peer == rank_) return "self";
-    if (p.staged || p.remoteStaged) return "staged through host memory";
-    return p.device == myDevice_ ? "same device" : "peer access";
+    const char* how = p.staged || p.remoteStaged ? "staged through host memory"
+                      : p.device == myDevice_    ? "same device"
+                                                 : "peer access";
+    return std::string(p.inProcess ? "nvlink_p2p: " : "cuda_ipc: ") + how;
   }
 
   // Each phase ends with every rank saying whether it went well, so that
@@ -97,6 +109,7 @@ class CudaIpcTransport final : public DeviceTransport {
   // of some waiting for the others until the deadline.
   void setUp(bootstrap::Bootstrap& bootstrap, int deviceIndex, net::Deadline deadline) {
     myDevice_ = deviceIndex;
+    job_ = bootstrap.secret();
     const int nranks = bootstrap.size();
     const std::string& host = bootstrap.table()[rank_].hostId;
     auto local = [&](int r) { return bootstrap.table()[r].hostId == host; };
@@ -108,8 +121,11 @@ class CudaIpcTransport final : public DeviceTransport {
     Advert& mine = adverts[rank_];
     std::memset(&mine, 0, sizeof(mine));
     std::snprintf(mine.listener, sizeof(mine.listener), "%s", listener.name().c_str());
+    mine.process = nvlink_p2p::processToken();
     mine.device = deviceIndex;
     bootstrap.allGather(adverts.data(), sizeof(Advert), deadline);
+    for (int r = 0; r < nranks; ++r)
+      peers_[r].inProcess = r != rank_ && local(r) && adverts[r].process == mine.process;
 
     // Memory, and a connection to every higher rank (a connect and its
     // hello never wait for the accept).
@@ -124,6 +140,10 @@ class CudaIpcTransport final : public DeviceTransport {
         peer.local =
             static_cast<std::byte*>(peer.staged ? device_.allocateHost(blockBytes())
                                                 : device_.allocate(deviceIndex, blockBytes()));
+        if (peer.inProcess) {  // nvlink_p2p: the peer takes the pointer itself
+          peer.localBlock = std::make_shared<nvlink_p2p::Block>(device_, peer.local, peer.staged);
+          nvlink_p2p::publish(job_, rank_, r, peer.localBlock);
+        }
       }
       for (int r = rank_ + 1; r < nranks; ++r)
         if (local(r)) {
@@ -149,7 +169,7 @@ class CudaIpcTransport final : public DeviceTransport {
       }
       for (int r = 0; r < nranks; ++r) {
         Peer& peer = peers_[r];
-        if (!peer.channel.valid()) continue;
+        if (!peer.channel.valid() || peer.inProcess) continue;
         const int fd = device_.exportFd(peer.local);
         const BlockInfo info{blockBytes(), deviceIndex, peer.staged ? 1 : 0};
         try {
@@ -165,6 +185,12 @@ class CudaIpcTransport final : public DeviceTransport {
       for (int r = 0; r < nranks; ++r) {
         Peer& peer = peers_[r];
         if (r == rank_ && peer.local) peer.remote = peer.local;
+        if (peer.inProcess) {
+          peer.remoteBlock = nvlink_p2p::take(job_, r, rank_);
+          peer.remote = peer.remoteBlock->base();
+          peer.remoteStaged = peer.remoteBlock->host();
+          continue;
+        }
         if (!peer.channel.valid()) continue;
         BlockInfo info{};
         const int fd = recvWithFd(peer.channel, &info, sizeof(info), deadline, who(r));
@@ -230,6 +256,10 @@ class CudaIpcTransport final : public DeviceTransport {
   struct Peer {
     std::byte* local = nullptr;   // this rank's block for the peer
     std::byte* remote = nullptr;  // the peer's block for this rank, mapped
+    // A peer in this process (nvlink_p2p): both blocks are plain pointers,
+    // owned jointly with the peer instead of freed and unmapped here.
+    bool inProcess = false;
+    nvlink_p2p::BlockRef localBlock, remoteBlock;
     int device = -1;
     bool staged = false;        // `local` is host memory (no peer access between the devices)
     bool remoteStaged = false;  // so is `remote`
@@ -342,6 +372,7 @@ class CudaIpcTransport final : public DeviceTransport {
 
   device::Device& device_;
   const int rank_;
+  uint64_t job_ = 0;  // the bootstrap's secret: names this job's blocks in nvlink_p2p's table
   const size_t slotBytes_;
   const int slots_;
   int myDevice_ = -1;

@@ -13,6 +13,11 @@
 // kernels write and read it across PCIe). The sockets stay open as a side
 // channel: a peer that dies closes them, and a peer that gives up says
 // whom it blames on them first.
+//
+// Peers in this same process (several GPUs driven by one process) are the
+// nvlink_p2p path: their blocks are not exported but handed over as
+// pointers (transports/nvlink_p2p), with the same FIFO protocol and the
+// same side channel.
 #pragma once
 
 #include <memory>
