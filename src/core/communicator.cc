@@ -338,10 +338,19 @@ void Communicator::Impl::setUpDevice() {
     BRAID_WARN(Init, "device buffers cannot be used: %s", error.what());
     return;
   }
+  int direct = 0, ipc = 0;
+  for (int peer = 0; peer < nranks; ++peer) {
+    const std::string path = connections->path(peer);
+    direct += path.rfind("nvlink_p2p", 0) == 0 ? 1 : 0;
+    ipc += path.rfind("cuda_ipc", 0) == 0 ? 1 : 0;
+  }
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
       [this](const Error& error) { recordFailure(error); });
-  BRAID_INFO(Init, "device %d (%s): device buffers go over cuda_ipc", deviceIndex, device->name());
+  BRAID_INFO(Init,
+             "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p) "
+             "and %d of other processes (cuda_ipc)",
+             deviceIndex, device->name(), direct, ipc);
 }
 
 void Communicator::Impl::throwIfFailed() const {
