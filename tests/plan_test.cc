@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms/catalog.h"
@@ -29,10 +30,11 @@ bool gathered(Collective c) { return c == Collective::AllGather || c == Collecti
 // Every algorithm of every collective on n ranks, over `counts` (per rank for
 // the gathered collectives, which get `gatheredCounts`), from two roots.
 void checkAll(int n, const std::vector<size_t>& counts, const std::vector<size_t>& gatheredCounts,
-              size_t chunkBytes) {
+              size_t chunkBytes, bool mapped = false) {
   SimOptions options;
   options.elemSize = 8;
   options.chunkBytes = chunkBytes;
+  options.mapped = mapped;
   for (Collective c : kCollectives)
     for (Algorithm a : algorithmsFor(c))
       for (size_t count : gathered(c) ? gatheredCounts : counts)
@@ -42,6 +44,7 @@ void checkAll(int n, const std::vector<size_t>& counts, const std::vector<size_t
           shape.nranks = n;
           shape.count = count;
           shape.elemSize = options.elemSize;
+          shape.mapped = mapped;
           if (!applies(c, a, shape)) continue;
           // The one-shot plan has every rank's input in flight to every
           // rank at once: n^2 * count elements, kept small at large n.
@@ -49,7 +52,8 @@ void checkAll(int n, const std::vector<size_t>& counts, const std::vector<size_t
           SimResult result = simulate(c, a, n, count, root, options);
           ASSERT_EQ(result.problem, "")
               << collectiveName(c) << " " << algorithmName(a) << " at " << n << " ranks, count "
-              << count << ", root " << root << ", chunk " << chunkBytes << " bytes";
+              << count << ", root " << root << ", chunk " << chunkBytes << " bytes"
+              << (mapped ? ", mapped" : "");
         }
 }
 
@@ -60,6 +64,64 @@ TEST(Plans, EveryAlgorithmIsExactAtEveryRankCountFrom1To64) {
     checkAll(n, {0, 1, 5, static_cast<size_t>(n) + 3, 1000}, {0, 1, 3, 17}, 16);
     checkAll(n, {static_cast<size_t>(3 * n + 1), 1000}, {2, 9}, 1 << 20);
   }
+}
+
+// Mapped buffers: the direct plans (one-shot and two-shot all-reduce,
+// one-shot all-gather and broadcast) up to kMaxDirectRanks, and whatever
+// the others fall back to above it.
+TEST(Plans, EveryAlgorithmIsExactOnMappedBuffers) {
+  for (int n = 1; n <= 12; ++n) {
+    checkAll(n, {0, 1, 5, static_cast<size_t>(n) + 3, 1000}, {0, 1, 3, 17}, 16, true);
+    checkAll(n, {static_cast<size_t>(3 * n + 1)}, {2}, 1 << 20, true);
+  }
+  for (int n : {127, 1000}) checkAll(n, {0, 3, 40}, {0, 2}, 1 << 12, true);
+}
+
+// The direct plans read and write peers' buffers only between Signals (a
+// rank's local steps may come before), and a rank's Signals to and from
+// every peer come in rounds.
+TEST(Plans, DirectStepsSitBetweenRoundsOfSignals) {
+  for (int n : {2, 3, 5, 8})
+    for (auto [c, a] : {std::pair{Collective::AllReduce, Algorithm::OneShot},
+                        std::pair{Collective::AllReduce, Algorithm::TwoShot},
+                        std::pair{Collective::AllGather, Algorithm::OneShot},
+                        std::pair{Collective::Broadcast, Algorithm::OneShot}})
+      for (int r = 0; r < n; ++r) {
+        Shape shape;
+        shape.nranks = n;
+        shape.rank = r;
+        shape.count = 1000;
+        shape.elemSize = 4;
+        shape.mapped = true;
+        const Plan plan = makePlan(c, a, shape);
+        int rounds = 0;
+        bool directSinceRound = false;
+        for (size_t i = 0; i < plan.steps.size();) {
+          if (plan.steps[i].kind != StepKind::Signal) {
+            ASSERT_TRUE(rounds > 0 || !direct(plan.steps[i].kind))
+                << algorithmName(a) << ": a direct step before the first Signal";
+            directSinceRound |= direct(plan.steps[i].kind);
+            ++i;
+            continue;
+          }
+          std::vector<int> to, from;  // one round: n - 1 Signals
+          for (; i < plan.steps.size() && plan.steps[i].kind == StepKind::Signal &&
+                 to.size() < static_cast<size_t>(n - 1);
+               ++i) {
+            to.push_back(plan.steps[i].sendPeer);
+            from.push_back(plan.steps[i].recvPeer);
+          }
+          std::sort(to.begin(), to.end());
+          std::sort(from.begin(), from.end());
+          ASSERT_EQ(to, from) << algorithmName(a) << " rank " << r << ": a round misses a peer";
+          ASSERT_EQ(to.size(), static_cast<size_t>(n - 1));
+          ++rounds;
+          directSinceRound = false;
+        }
+        EXPECT_FALSE(directSinceRound)
+            << algorithmName(a) << ": a direct step after the last Signal";
+        EXPECT_GE(rounds, 2);
+      }
 }
 
 TEST(Plans, EveryAlgorithmIsExactAtHundredsAndThousandsOfRanks) {

@@ -30,6 +30,7 @@ constexpr std::pair<const char*, Algorithm> kAlgorithms[] = {
     {"bruck", Algorithm::Bruck},
     {"rechalving", Algorithm::RecursiveHalving},
     {"direct", Algorithm::Direct},
+    {"twoshot", Algorithm::TwoShot},
 };
 
 }  // namespace
@@ -66,12 +67,13 @@ bool parseAlgorithm(const std::string& name, Algorithm* algorithm) {
 
 const std::vector<Algorithm>& algorithmsFor(Collective collective) {
   static const std::vector<Algorithm> kAllReduce = {
-      Algorithm::Ring, Algorithm::Tree, Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
-      Algorithm::OneShot};
-  static const std::vector<Algorithm> kBroadcast = {Algorithm::Chain, Algorithm::Binomial,
-                                                    Algorithm::ScatterAllGather};
+      Algorithm::Ring,    Algorithm::Tree,   Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
+      Algorithm::OneShot, Algorithm::TwoShot};
+  static const std::vector<Algorithm> kBroadcast = {
+      Algorithm::Chain, Algorithm::Binomial, Algorithm::ScatterAllGather, Algorithm::OneShot};
   static const std::vector<Algorithm> kReduce = {Algorithm::Chain, Algorithm::Binomial};
-  static const std::vector<Algorithm> kAllGather = {Algorithm::Ring, Algorithm::Bruck};
+  static const std::vector<Algorithm> kAllGather = {Algorithm::Ring, Algorithm::Bruck,
+                                                    Algorithm::OneShot};
   static const std::vector<Algorithm> kReduceScatter = {Algorithm::Ring,
                                                         Algorithm::RecursiveHalving};
   static const std::vector<Algorithm> kPointToPoint = {Algorithm::Direct};
@@ -96,7 +98,11 @@ const std::vector<Algorithm>& algorithmsFor(Collective collective) {
 bool applies(Collective collective, Algorithm algorithm, const Shape& shape) {
   const auto& known = algorithmsFor(collective);
   if (std::find(known.begin(), known.end(), algorithm) == known.end()) return false;
-  if (algorithm == Algorithm::OneShot) return shape.count * shape.elemSize <= kScratchBytes;
+  const bool direct = shape.mapped && shape.nranks <= kMaxDirectRanks;
+  if (algorithm == Algorithm::TwoShot) return direct;
+  if (algorithm == Algorithm::OneShot && collective != Collective::AllReduce) return shape.mapped;
+  if (algorithm == Algorithm::OneShot)
+    return direct || shape.count * shape.elemSize <= kScratchBytes;
   if (algorithm == Algorithm::RecursiveHalving) return isPowerOfTwo(shape.nranks);
   return true;
 }
@@ -112,7 +118,10 @@ Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
     case Collective::AllReduce:
       switch (algorithm) {
         case Algorithm::OneShot:
+          if (shape.mapped && shape.nranks <= kMaxDirectRanks) return oneShotMappedAllReduce(shape);
           return shape.nranks > 1 ? oneShotAllReduce(shape) : ringAllReduce(shape);
+        case Algorithm::TwoShot:
+          return twoShotAllReduce(shape);
         case Algorithm::RecursiveDoubling:
           return recursiveDoublingAllReduce(shape);
         case Algorithm::Rabenseifner:
@@ -125,11 +134,14 @@ Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
     case Collective::Broadcast:
       return algorithm == Algorithm::Binomial           ? binomialBroadcast(shape)
              : algorithm == Algorithm::ScatterAllGather ? scatterAllGatherBroadcast(shape)
+             : algorithm == Algorithm::OneShot          ? oneShotBroadcast(shape)
                                                         : chainBroadcast(shape);
     case Collective::Reduce:
       return algorithm == Algorithm::Binomial ? binomialReduce(shape) : chainReduce(shape);
     case Collective::AllGather:
-      return algorithm == Algorithm::Bruck ? bruckAllGather(shape) : ringAllGather(shape);
+      return algorithm == Algorithm::Bruck     ? bruckAllGather(shape)
+             : algorithm == Algorithm::OneShot ? oneShotAllGather(shape)
+                                               : ringAllGather(shape);
     case Collective::ReduceScatter:
       return algorithm == Algorithm::RecursiveHalving ? recursiveHalvingReduceScatter(shape)
                                                       : ringReduceScatter(shape);

@@ -33,13 +33,15 @@ enum class Algorithm : uint8_t {
   Bruck,              // all-gather
   RecursiveHalving,   // reduce-scatter
   Direct,             // send, recv
+  TwoShot,            // all-reduce on mapped buffers
 };
 
 // "allreduce", "broadcast", ... and back; false for an unknown name.
 const char* collectiveName(Collective collective);
 bool parseCollective(const std::string& name, Collective* collective);
 // "ring", "oneshot", "recdoubling", "rabenseifner", "tree", "chain",
-// "binomial", "scatter", "bruck", "rechalving", "direct" and back.
+// "binomial", "scatter", "bruck", "rechalving", "direct", "twoshot" and
+// back.
 const char* algorithmName(Algorithm algorithm);
 bool parseAlgorithm(const std::string& name, Algorithm* algorithm);
 
@@ -47,8 +49,9 @@ bool parseAlgorithm(const std::string& name, Algorithm* algorithm);
 const std::vector<Algorithm>& algorithmsFor(Collective collective);
 
 // Whether `algorithm` can run `collective` at `shape` (recursive halving
-// needs a power-of-two rank count; one-shot a buffer that fits the scratch
-// area).
+// needs a power-of-two rank count; one-shot all-reduce a buffer that fits
+// the scratch area, or mapped buffers; two-shot, one-shot all-gather and
+// one-shot broadcast mapped buffers).
 bool applies(Collective collective, Algorithm algorithm, const Shape& shape);
 
 // The bytes of the call's whole buffer, as braid-perf counts sizes: the

@@ -30,16 +30,30 @@ enum class StepKind : uint8_t {
   RecvCopySend,        // peer -> dst and -> peer
   Copy,                // src -> dst, locally
   Reduce,              // (dst op src) -> dst, locally
+  // Direct steps, for buffers every rank maps at the same offsets
+  // (Shape::mapped): the data moves by loads and stores into peers'
+  // buffers, never through a connection, and Signals order the ranks.
+  Signal,      // an empty message to sendPeer, and one from recvPeer
+  ReduceFrom,  // (every rank's src, combined in rank order) -> dst
+  CopyTo,      // src -> sendPeer's dst
+  CopyFrom,    // recvPeer's src -> dst
 };
 
 // Whether a step of `kind` reads a message from recvPeer / posts one to
 // sendPeer.
 inline bool receives(StepKind kind) {
-  return kind != StepKind::Send && kind != StepKind::Copy && kind != StepKind::Reduce;
+  return kind == StepKind::Recv || kind == StepKind::RecvReduceSend ||
+         kind == StepKind::RecvReduceCopy || kind == StepKind::RecvReduceCopySend ||
+         kind == StepKind::RecvCopySend || kind == StepKind::Signal;
 }
 inline bool sends(StepKind kind) {
   return kind == StepKind::Send || kind == StepKind::RecvReduceSend ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend;
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::RecvCopySend ||
+         kind == StepKind::Signal;
+}
+// Whether a step of `kind` touches a peer's buffer directly.
+inline bool direct(StepKind kind) {
+  return kind == StepKind::ReduceFrom || kind == StepKind::CopyTo || kind == StepKind::CopyFrom;
 }
 
 struct Step {
@@ -56,7 +70,7 @@ struct Step {
   Buffer dst = Buffer::Output;
   size_t srcOffset = 0;  // elements
   size_t dstOffset = 0;  // elements
-  size_t count = 0;      // elements, never 0 in a plan
+  size_t count = 0;      // elements; never 0 in a plan but for a Signal
 };
 
 struct Plan {
@@ -75,7 +89,15 @@ struct Shape {
   size_t chunkElems = 1;  // most elements one step moves
   size_t alignElems = 1;  // chunk boundaries fall on multiples of this
   size_t elemSize = 1;    // bytes per element
+  // Every rank's Input and Output are mapped by every other rank, at the
+  // same offsets on all of them (device buffers in a registered window):
+  // the algorithms that have direct plans use them.
+  bool mapped = false;
 };
+
+// The most ranks a direct ReduceFrom combines (the device's n-input
+// reduction kernel).
+inline constexpr int kMaxDirectRanks = 8;
 
 // Ring all-reduce: reduce-scatter then all-gather around the ring, in rounds
 // of nranks chunks. 2(n-1) steps per round; each rank sends and receives
@@ -87,6 +109,26 @@ Plan ringAllReduce(const Shape& shape);
 // computes bitwise the same result. One hop of latency instead of 2(n-1);
 // each rank sends and receives (n-1) * S bytes. REQUIRES: S <= kScratchBytes.
 Plan oneShotAllReduce(const Shape& shape);
+
+// One-shot on mapped buffers: every rank reads the n inputs where they are
+// and combines them in rank order in one kernel (bitwise the same result
+// everywhere). REQUIRES: shape.mapped, nranks <= kMaxDirectRanks.
+Plan oneShotMappedAllReduce(const Shape& shape);
+
+// Two-shot all-reduce on mapped buffers: rank r reduces part r of every
+// rank's input into its output (a reduce-scatter by direct reads, in rank
+// order), then writes that part into every other rank's output (an
+// all-gather by direct writes). Each rank reads (n-1)/n * S bytes from its
+// peers and writes as much into them; every part is combined in rank
+// order, so the result is bitwise one-shot's. REQUIRES: shape.mapped,
+// nranks <= kMaxDirectRanks.
+Plan twoShotAllReduce(const Shape& shape);
+
+// One-shot all-gather and broadcast on mapped buffers: each rank writes
+// its input into every peer's output / reads the root's output.
+// REQUIRES: shape.mapped.
+Plan oneShotAllGather(const Shape& shape);
+Plan oneShotBroadcast(const Shape& shape);
 
 // Ring all-gather: n-1 steps per round; each rank sends and receives
 // (n-1) * S bytes for an S-byte input.

@@ -25,16 +25,22 @@ struct SimRank {
   Values input, output, scratch;
   size_t step = 0;
   double clock = 0;
+  bool signalled = false;  // the current Signal step posted its message
 
   Values& buffer(Buffer b) {
     return b == Buffer::Input ? input : b == Buffer::Output ? output : scratch;
   }
 };
 
-bool writes(StepKind kind) { return kind != StepKind::Send && kind != StepKind::RecvReduceSend; }
+// Whether a step writes this rank's dst (CopyTo writes a peer's).
+bool writes(StepKind kind) {
+  return kind != StepKind::Send && kind != StepKind::RecvReduceSend && kind != StepKind::Signal &&
+         kind != StepKind::CopyTo;
+}
 bool reduces(StepKind kind) {
   return kind == StepKind::RecvReduceSend || kind == StepKind::RecvReduceCopy ||
-         kind == StepKind::RecvReduceCopySend || kind == StepKind::Reduce;
+         kind == StepKind::RecvReduceCopySend || kind == StepKind::Reduce ||
+         kind == StepKind::ReduceFrom;
 }
 
 int64_t valueOf(int rank, size_t index) {
@@ -101,6 +107,7 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
     shape.alignElems = std::max<size_t>(1, options.alignBytes / elem);
     shape.chunkElems =
         std::max(shape.alignElems, options.chunkBytes / elem / shape.alignElems * shape.alignElems);
+    shape.mapped = options.mapped;
     SimRank& rank = ranks[r];
     rank.plan = makePlan(collective, algorithm, shape);
     if (check) {
@@ -150,7 +157,22 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
       SimRank& rank = ranks[r];
       while (rank.step < rank.plan.steps.size()) {
         const Step& s = rank.plan.steps[rank.step];
-        if (s.count == 0) return fail(r, "an empty step");
+        if (s.count == 0 && s.kind != StepKind::Signal) return fail(r, "an empty step");
+        if (direct(s.kind) || s.kind == StepKind::Signal) {
+          if (!options.mapped) return fail(r, "a direct step on buffers nobody mapped");
+          const int peer = s.kind == StepKind::CopyTo ? s.sendPeer : s.recvPeer;
+          if (s.kind != StepKind::ReduceFrom && (peer < 0 || peer >= n || peer == r))
+            return fail(r, format("reaches into rank %d", peer));
+        }
+        if (s.kind == StepKind::Signal && !rank.signalled) {
+          // A Signal posts its message before it waits for the peer's.
+          if (s.sendPeer < 0 || s.sendPeer >= n || s.sendPeer == r)
+            return fail(r, format("signals rank %d", s.sendPeer));
+          Link& link = linkOf(r, s.sendPeer);
+          link.messages.push_back({{}, 0, std::max(rank.clock, link.free) + options.link.latency});
+          ++result.messages;
+          rank.signalled = true;
+        }
         Message received{{}, 0, 0};
         if (receives(s.kind)) {
           if (s.recvPeer < 0 || s.recvPeer >= n || s.recvPeer == r)
@@ -164,9 +186,35 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
                                   s.recvPeer, received.count));
           rank.clock = std::max(rank.clock, received.arrival);
         }
-        const bool readsSrc = s.kind != StepKind::Recv && s.kind != StepKind::RecvCopySend;
+        const bool readsSrc = s.kind != StepKind::Recv && s.kind != StepKind::RecvCopySend &&
+                              s.kind != StepKind::Signal && s.kind != StepKind::CopyFrom;
         Values result_;
-        if (check) {
+        if (check && (direct(s.kind) || s.kind == StepKind::Signal)) {
+          // The peers' buffers, as they are now: the Signals before this
+          // step are what make that the right moment.
+          auto span = [&](SimRank& owner, Buffer b, size_t offset) -> Values* {
+            Values& buffer = owner.buffer(b);
+            return inBounds(buffer, offset, s.count, true) ? &buffer : nullptr;
+          };
+          if (s.kind == StepKind::ReduceFrom) {
+            Values sum(s.count, 0);
+            for (int q = 0; q < n; ++q) {
+              const Values* from = span(ranks[q], s.src, s.srcOffset);
+              if (!from) return fail(r, format("reads past the end of rank %d's buffer", q));
+              for (size_t i = 0; i < s.count; ++i) sum[i] += (*from)[s.srcOffset + i];
+            }
+            if (!span(rank, s.dst, s.dstOffset)) return fail(r, "writes past the end of a buffer");
+            std::copy(sum.begin(), sum.end(), rank.buffer(s.dst).begin() + s.dstOffset);
+          } else if (s.kind != StepKind::Signal) {
+            SimRank& from = s.kind == StepKind::CopyTo ? rank : ranks[s.recvPeer];
+            SimRank& to = s.kind == StepKind::CopyTo ? ranks[s.sendPeer] : rank;
+            const Values* source = span(from, s.src, s.srcOffset);
+            if (!source || !span(to, s.dst, s.dstOffset))
+              return fail(r, "a direct copy past the end of a buffer");
+            std::copy(source->begin() + s.srcOffset, source->begin() + s.srcOffset + s.count,
+                      to.buffer(s.dst).begin() + s.dstOffset);
+          }
+        } else if (check) {
           if (readsSrc && !inBounds(rank.buffer(s.src), s.srcOffset, s.count, true))
             return fail(r, "reads past the end of a buffer");
           if (writes(s.kind) && !inBounds(rank.buffer(s.dst), s.dstOffset, s.count, true))
@@ -207,7 +255,10 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
             (s.kind == StepKind::Copy && !inPlace))
           rank.clock += copyTime;
         if (reduces(s.kind) && s.kind != StepKind::RecvReduceSend) rank.clock += reduceTime;
-        if (sends(s.kind)) {
+        if (s.kind == StepKind::ReduceFrom)  // the peers' parts come over their links
+          rank.clock += (n - 1) * std::max(linkTime, reduceTime);
+        if (s.kind == StepKind::CopyTo || s.kind == StepKind::CopyFrom) rank.clock += linkTime;
+        if (sends(s.kind) && s.kind != StepKind::Signal) {
           if (s.sendPeer < 0 || s.sendPeer >= n || s.sendPeer == r)
             return fail(r, format("sends to rank %d", s.sendPeer));
           Link& link = linkOf(r, s.sendPeer);
@@ -221,6 +272,7 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
           result.bytes += static_cast<uint64_t>(bytes);
         }
         ++rank.step;
+        rank.signalled = false;
         moved = true;
       }
     }

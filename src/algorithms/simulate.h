@@ -36,6 +36,10 @@ struct SimOptions {
   bool checkData = true;  // false: sizes and time only, for large buffers
   size_t chunkBytes = size_t{1} << 20;
   size_t alignBytes = 64;
+  // Every rank's buffers are mapped by the others (Shape::mapped): direct
+  // steps read and write peers' buffers, each such byte costing the link's
+  // time, and a Signal is an empty message.
+  bool mapped = false;
 };
 
 struct SimResult {

@@ -5,7 +5,7 @@ namespace braid {
 algo::Algorithm PlanCache::choose(Collective collective, const algo::Shape& shape) {
   algo::Algorithm algorithm;
   const size_t bytes = algo::bufferBytes(collective, shape);
-  if (!timer_ || !haveModel_ || bytes == 0 || bytes > kTimedBytes ||
+  if (!timer_ || !haveModel_ || bytes == 0 || bytes > kTimedBytes || shape.mapped ||
       tuning::preferred(collective, shape, preference_, &algorithm))
     return tuning::choose(collective, shape, preference_, oneShotBytes_,
                           haveModel_ ? &model_ : nullptr);
@@ -26,8 +26,8 @@ algo::Algorithm PlanCache::choose(Collective collective, const algo::Shape& shap
 
 const std::shared_ptr<const algo::Plan>& PlanCache::get(Collective collective,
                                                         const algo::Shape& shape) {
-  const Key key{collective,       shape.root,       shape.peer,    shape.count,
-                shape.chunkElems, shape.alignElems, shape.elemSize};
+  const Key key{collective,       shape.root,       shape.peer,     shape.count,
+                shape.chunkElems, shape.alignElems, shape.elemSize, shape.mapped};
   // A loop that repeats one op costs a comparison.
   if (last_ && key == lastKey_) return last_;
   auto found = plans_.find(key);

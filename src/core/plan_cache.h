@@ -67,10 +67,11 @@ class PlanCache {
     size_t chunkElems;
     size_t alignElems;
     size_t elemSize;
+    bool mapped;
     bool operator==(const Key& other) const {
       return collective == other.collective && root == other.root && peer == other.peer &&
              count == other.count && chunkElems == other.chunkElems &&
-             alignElems == other.alignElems && elemSize == other.elemSize;
+             alignElems == other.alignElems && elemSize == other.elemSize && mapped == other.mapped;
     }
   };
   struct KeyHash {
@@ -78,7 +79,8 @@ class PlanCache {
       uint64_t h = static_cast<uint64_t>(k.collective) * 0x9E3779B97F4A7C15ull;
       for (uint64_t v : {static_cast<uint64_t>(k.root), static_cast<uint64_t>(k.peer),
                          static_cast<uint64_t>(k.count), static_cast<uint64_t>(k.chunkElems),
-                         static_cast<uint64_t>(k.alignElems), static_cast<uint64_t>(k.elemSize)})
+                         static_cast<uint64_t>(k.alignElems), static_cast<uint64_t>(k.elemSize),
+                         static_cast<uint64_t>(k.mapped)})
         h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
       return static_cast<size_t>(h ^ (h >> 31));
     }

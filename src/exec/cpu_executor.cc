@@ -185,6 +185,10 @@ bool Executor::advance(Lane& lane) {
   const auto& steps = lane.plan->steps;
   if (lane.step == steps.size()) return false;
   const algo::Step& step = steps[lane.step];
+  // Direct plans are for device buffers that peers map (Shape::mapped),
+  // which host ops never have.
+  if (step.kind == StepKind::Signal || algo::direct(step.kind))
+    throw Error(ErrorCode::Internal, "a direct step in a plan for host buffers");
   const size_t total = step.count * lane.elemSize;
   // Only the buffers a step uses are touched (non-roots may pass null ones).
   const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
@@ -265,6 +269,10 @@ bool Executor::advance(Lane& lane) {
         break;
       case StepKind::Copy:
       case StepKind::Reduce:
+      case StepKind::Signal:  // (refused above)
+      case StepKind::ReduceFrom:
+      case StepKind::CopyTo:
+      case StepKind::CopyFrom:
         break;
     }
     if (region) {

@@ -193,6 +193,7 @@ std::vector<Algorithm> contenders(Collective collective, const algo::Shape& shap
   options.elemSize = shape.elemSize;
   options.chunkBytes = shape.chunkElems * shape.elemSize;
   options.alignBytes = shape.alignElems * shape.elemSize;
+  options.mapped = shape.mapped;
   std::vector<std::pair<double, Algorithm>> predicted;
   for (Algorithm a : algo::algorithmsFor(collective)) {
     if (!algo::applies(collective, a, shape)) continue;
@@ -213,6 +214,13 @@ Algorithm choose(Collective collective, const algo::Shape& shape, const AlgoPref
                  size_t oneShotBytes, const algo::LinkModel* model) {
   Algorithm algorithm;
   if (preferred(collective, shape, preference, &algorithm)) return algorithm;
+  if (shape.mapped && shape.nranks > 1) {
+    if (collective == Collective::AllReduce && algo::applies(collective, Algorithm::TwoShot, shape))
+      return shape.count * shape.elemSize <= kMappedOneShotBytes ? Algorithm::OneShot
+                                                                 : Algorithm::TwoShot;
+    if (collective == Collective::AllGather || collective == Collective::Broadcast)
+      return Algorithm::OneShot;
+  }
   if (model) {
     // Predictions within 0.1% of each other are a tie: the catalog's order
     // decides, so rounding never flips a choice.

@@ -46,8 +46,14 @@ class AlgoPreference {
 // Throws Error(InvalidArgument) naming NCCL_ALGO for an unknown name.
 std::string fromNcclAlgo(const std::string& text);
 
+// Mapped all-reduces up to this size run one-shot, larger ones two-shot.
+inline constexpr size_t kMappedOneShotBytes = size_t{256} << 10;
+
 // The algorithm for one call: the first allowed one that applies at this
-// shape; else, with a `model`, the one the simulator predicts fastest over
+// shape; else, on mapped buffers (Shape::mapped, at most kMaxDirectRanks
+// ranks), the direct algorithms: one-shot all-reduce up to
+// kMappedOneShotBytes and two-shot above, one-shot all-gather and
+// broadcast; else, with a `model`, the one the simulator predicts fastest over
 // links of that model (up to kModelRanks ranks); else braid's fixed choice
 // (one-shot for all-reduces of at most `oneShotBytes` on more than one rank,
 // ring for the other all-reduces, all-gathers and reduce-scatters, chain for
