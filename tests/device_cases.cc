@@ -34,47 +34,78 @@ std::string label(const Case& c, int nranks) {
          " root " + std::to_string(c.root) + " at " + std::to_string(nranks) + " ranks: ";
 }
 
+size_t IssuedCase::sendBytes(const Case& c, int nranks) {
+  return sendCountOf(c, nranks) * dataTypeSize(c.type);
+}
+size_t IssuedCase::recvBytes(const Case& c, int nranks) {
+  return recvCountOf(c, nranks) * dataTypeSize(c.type);
+}
+
 IssuedCase::IssuedCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed)
     : comm_(comm),
       case_(c),
       seed_(seed),
-      send_(comm.device(), sendCountOf(c, comm.size()) * dataTypeSize(c.type)),
-      recv_(comm.device(), recvCountOf(c, comm.size()) * dataTypeSize(c.type)) {
+      ownSend_(std::make_unique<DeviceBuffer>(comm.device(), sendBytes(c, comm.size()))),
+      ownRecv_(std::make_unique<DeviceBuffer>(comm.device(), recvBytes(c, comm.size()))),
+      send_(ownSend_->data()),
+      recv_(ownRecv_->data()) {
+  issue(stream);
+}
+
+IssuedCase::IssuedCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed,
+                       std::byte* send, std::byte* recv)
+    : comm_(comm), case_(c), seed_(seed), send_(send), recv_(recv) {
+  issue(stream);
+}
+
+void IssuedCase::issue(TestStream& stream) {
+  const Case& c = case_;
+  Communicator& comm = comm_;
+  device::Device& dev = *device::current();
   const int r = comm.rank();
   const size_t size = dataTypeSize(c.type), sendCount = sendCountOf(c, comm.size());
-  send_.upload(poisoned(c.type, sendCount));
-  recv_.upload(poisoned(c.type, recvCountOf(c, comm.size())));
+  const std::vector<std::byte> sendPoison = poisoned(c.type, sendCount);
+  const std::vector<std::byte> recvPoison = poisoned(c.type, recvCountOf(c, comm.size()));
+  dev.copyNow(send_, sendPoison.data(), sendPoison.size());
+  dev.copyNow(recv_, recvPoison.data(), recvPoison.size());
   std::vector<std::byte> input(sendCount * size);
-  fillInput(c.type, c.op, seed, r, 0, sendCount, input.data());
-  std::byte* send = send_.data();
-  std::byte* recv = recv_.data();
+  fillInput(c.type, c.op, seed_, r, 0, sendCount, input.data());
+  std::byte* send = send_;
+  std::byte* recv = recv_;
+  auto upload = [&](std::byte* to) { dev.copyNow(to, input.data(), input.size()); };
   switch (c.coll) {
     case Coll::AllReduce:
-      send_.upload(input);
+      upload(send);
       work_ = comm.allReduce(send, c.inPlace ? send : recv, c.count, c.type, c.op, stream.stream());
       break;
     case Coll::Broadcast:
-      if (r == c.root) (c.inPlace ? recv_ : send_).upload(input);
+      if (r == c.root) upload(c.inPlace ? recv : send);
       work_ = comm.broadcast(c.inPlace ? recv : (r == c.root ? send : nullptr), recv, c.count,
                              c.type, c.root, stream.stream());
       break;
     case Coll::Reduce:
-      send_.upload(input);
+      upload(send);
       work_ = comm.reduce(send, c.inPlace ? send : recv, c.count, c.type, c.op, c.root,
                           stream.stream());
       break;
     case Coll::AllGather: {
       std::byte* in = c.inPlace ? recv + r * c.count * size : send;
-      device::current()->copyNow(in, input.data(), input.size());
+      upload(in);
       work_ = comm.allGather(in, recv, c.count, c.type, stream.stream());
       break;
     }
     case Coll::ReduceScatter:
-      send_.upload(input);
+      upload(send);
       work_ = comm.reduceScatter(send, c.inPlace ? send + r * c.count * size : recv, c.count,
                                  c.type, c.op, stream.stream());
       break;
   }
+}
+
+std::vector<std::byte> IssuedCase::download(const std::byte* from, size_t bytes) const {
+  std::vector<std::byte> host(bytes);
+  device::current()->copyNow(host.data(), from, bytes);
+  return host;
 }
 
 std::string IssuedCase::check() {
@@ -84,7 +115,8 @@ std::string IssuedCase::check() {
   work_.wait();  // rethrows the op's error
   if (!work_.test()) return label(c, n) + "Work::test() is false after wait()";
   const bool outInSend = c.inPlace && c.coll != Coll::Broadcast && c.coll != Coll::AllGather;
-  const std::vector<std::byte> out = (outInSend ? send_ : recv_).download();
+  const std::vector<std::byte> out =
+      outInSend ? download(send_, sendBytes(c, n)) : download(recv_, recvBytes(c, n));
   std::string problem;
   switch (c.coll) {
     case Coll::AllReduce:

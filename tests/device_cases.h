@@ -37,6 +37,13 @@ std::string label(const Case& c, int nranks);
 class IssuedCase {
  public:
   IssuedCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed);
+  // On the caller's memory (e.g. in a registered window): `send` and
+  // `recv` hold at least sendBytes() and recvBytes() and stay valid until
+  // check() returned.
+  IssuedCase(Communicator& comm, TestStream& stream, const Case& c, uint64_t seed, std::byte* send,
+             std::byte* recv);
+  static size_t sendBytes(const Case& c, int nranks);
+  static size_t recvBytes(const Case& c, int nranks);
   IssuedCase(const IssuedCase&) = delete;
   IssuedCase& operator=(const IssuedCase&) = delete;
 
@@ -46,10 +53,15 @@ class IssuedCase {
   std::string check();
 
  private:
+  void issue(TestStream& stream);
+  std::vector<std::byte> download(const std::byte* from, size_t bytes) const;
+
   Communicator& comm_;
   const Case case_;
   const uint64_t seed_;
-  DeviceBuffer send_, recv_;
+  std::unique_ptr<DeviceBuffer> ownSend_, ownRecv_;  // unless the caller's
+  std::byte* send_;
+  std::byte* recv_;
   Work work_;
 };
 

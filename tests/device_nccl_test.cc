@@ -218,6 +218,75 @@ TEST_P(DeviceNccl, CommInitAllAndGroupsAcrossCommunicatorsFromOneThread) {
       options());
 }
 
+// Symmetric windows through NCCL's API, in the single-process model: one
+// thread registers a window on every communicator inside a group, runs an
+// all-reduce on window buffers (braid takes its direct path) and one on
+// ordinary ncclMemAlloc buffers, and deregisters in a group.
+TEST_P(DeviceNccl, SymmetricWindowsRegisteredInAGroupCarryDirectAllReduces) {
+  runProcesses(
+      1,
+      [](int, const UniqueId&, const Config&) {
+        device::Device& dev = *device::current();
+        constexpr int kRanks = 3;
+        const int kDevices[] = {0, 1 % dev.count(), 2 % dev.count()};
+        ncclComm_t comms[kRanks] = {};
+        check(ncclCommInitAll(comms, kRanks, kDevices), "ncclCommInitAll");
+        const size_t count = 30011, bytes = 2 * count * sizeof(float) + 4096;
+        std::vector<std::unique_ptr<TestStream>> streams;
+        std::vector<float*> windows, plain;
+        ncclWindow_t handles[kRanks] = {};
+        for (int r = 0; r < kRanks; ++r) {
+          dev.setCurrent(kDevices[r]);
+          streams.push_back(std::make_unique<TestStream>(kDevices[r]));
+          void* memory = nullptr;
+          check(ncclMemAlloc(&memory, bytes), "ncclMemAlloc");
+          windows.push_back(static_cast<float*>(memory));
+          plain.push_back(deviceCopyOf(std::vector<float>(count, 1.0f + r)));
+          std::vector<float> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((r + 1) * (i % 101));
+          dev.copyNow(windows[r], mine.data(), count * sizeof(float));
+        }
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < kRanks; ++r)
+          check(ncclCommWindowRegister(comms[r], windows[r], bytes, &handles[r],
+                                       NCCL_WIN_COLL_SYMMETRIC),
+                "ncclCommWindowRegister");
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < kRanks; ++r) {
+          auto stream = static_cast<cudaStream_t>(streams[r]->handle());
+          check(ncclAllReduce(windows[r], windows[r] + count, count, ncclFloat32, ncclSum, comms[r],
+                              stream),
+                "ncclAllReduce in a window");
+          check(ncclAllReduce(plain[r], plain[r], count, ncclFloat32, ncclMax, comms[r], stream),
+                "ncclAllReduce");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        for (auto& stream : streams) stream->synchronize();
+        for (int r = 0; r < kRanks; ++r) {
+          const std::vector<float> sum = hostCopyOf(windows[r] + count, count);
+          for (size_t i = 0; i < count; ++i)
+            require(sum[i] == static_cast<float>(6 * (i % 101)),
+                    format("rank %d's window all-reduce element %zu is %g", r, i, sum[i]));
+          const std::vector<float> max = hostCopyOf(plain[r], count);
+          require(max[0] == 3.0f && max[count - 1] == 3.0f,
+                  format("rank %d's plain all-reduce gave %g", r, max[0]));
+        }
+        require(ncclCommWindowDeregister(comms[0], nullptr) == ncclInvalidArgument,
+                "ncclCommWindowDeregister accepted a NULL window");
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < kRanks; ++r)
+          check(ncclCommWindowDeregister(comms[r], handles[r]), "ncclCommWindowDeregister");
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        for (int r = 0; r < kRanks; ++r) {
+          check(ncclMemFree(windows[r]), "ncclMemFree");
+          check(ncclMemFree(plain[r]), "ncclMemFree");
+          check(ncclCommDestroy(comms[r]), "ncclCommDestroy");
+        }
+      },
+      options());
+}
+
 // A peer that aborts while this rank's device op waits for it: the op
 // fails on the stream's behalf, ncclCommGetAsyncError says so (a remote
 // error), ncclCommAbort returns, and the stream runs on.

@@ -42,6 +42,13 @@ struct DeviceConnection {
   DeviceFifo recv;  // peer -> this rank
 };
 
+// A rank's window (device memory registered with the communicator) as
+// this rank reaches it.
+struct PeerWindow {
+  std::byte* base = nullptr;  // null: the rank is on another host
+  bool imported = false;      // mapped here by Device::import(): unmap it
+};
+
 // What a peer said (or did) on the transport's side channel.
 struct PeerNotice {
   int peer = -1;

@@ -95,4 +95,13 @@ std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, device::Device& 
                           setup.deadline);
 }
 
+std::vector<PeerWindow> mapWindow(const Setup& setup, device::Device& device, int deviceIndex,
+                                  void* base, size_t bytes) {
+  return cuda_ipc::mapWindow(setup.bootstrap, device, deviceIndex, base, bytes, setup.deadline);
+}
+
+void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes) {
+  cuda_ipc::unmapWindow(device, windows, bytes);
+}
+
 }  // namespace braid::transport

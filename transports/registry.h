@@ -41,4 +41,11 @@ std::vector<std::string> builtTransports();
 std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, device::Device& device,
                                             int deviceIndex);
 
+// Collective over the communicator: every rank's window of `bytes` at
+// `base` (device memory of `deviceIndex`), as this rank reaches it (see
+// cuda_ipc::mapWindow); unmapWindow() undoes it.
+std::vector<PeerWindow> mapWindow(const Setup& setup, device::Device& device, int deviceIndex,
+                                  void* base, size_t bytes);
+void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes);
+
 }  // namespace braid::transport

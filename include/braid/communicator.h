@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,11 @@ class Stream {
   Stream(Kind kind, void* handle) : kind_(kind), handle_(handle) {}
   Kind kind_ = Kind::HostSync;
   void* handle_ = nullptr;
+};
+
+// A window registered with Communicator::registerWindow (0: none).
+struct Window {
+  uint64_t id = 0;
 };
 
 // Completion handle of one operation. Copies share the same operation.
@@ -138,6 +144,26 @@ class Communicator {
   // The device whose memory this communicator's device buffers live in
   // (Config::device), or -1 when the process has no device.
   int device() const;
+
+  // Collective: registers `bytes` of device memory at `buffer` as a window
+  // that every rank of this host maps (NCCL's ncclCommWindowRegister). The
+  // memory is this communicator's device's; for ranks of other processes
+  // it must be an allocation braid made (ncclMemAlloc), from its start, and
+  // every rank registers the same size. From then on a device collective
+  // whose buffers lie in windows, at the same offsets on every rank (the
+  // symmetric contract), moves its data by direct loads and stores into
+  // the peers' windows: one-shot all-reduce up to 256 KiB and two-shot
+  // above (at most 8 ranks, all on this host), one-shot all-gather and
+  // broadcast; BRAID_ALGO can still force another algorithm. Ranks must
+  // agree on which calls use windows. Throws Error(InvalidArgument) naming
+  // the argument, or the rank whose window differs, with nothing
+  // registered anywhere.
+  Window registerWindow(void* buffer, size_t bytes);
+  // Collective: waits until the device passed every op issued before (on
+  // every rank), then unmaps the window everywhere; the memory is the
+  // caller's again. Throws Error(InvalidArgument) for a window this
+  // communicator did not register.
+  void deregisterWindow(Window window);
   bool valid() const { return impl_ != nullptr; }
 
   struct Impl;  // opaque outside the library

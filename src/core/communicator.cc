@@ -493,10 +493,135 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
   op.input = input;
   op.output = output;
   placeOn(op, onDevice, stream);
+  if (onDevice) impl.mapBuffers(op);
   return op;
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- windows
+
+RegisteredWindow& RegisteredWindow::operator=(RegisteredWindow&& other) noexcept {
+  if (this != &other) {
+    std::swap(id_, other.id_);
+    std::swap(base_, other.base_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(ranks_, other.ranks_);
+    std::swap(device_, other.device_);
+  }
+  return *this;
+}
+
+RegisteredWindow::~RegisteredWindow() {
+  if (!device_) return;
+  try {
+    transport::unmapWindow(*device_, ranks_, bytes_);
+  } catch (const Error& error) {  // a broken device: nothing more to do about it
+    BRAID_WARN(Exec, "unmapping window %llu failed: %s", static_cast<unsigned long long>(id_),
+               error.what());
+  }
+}
+
+std::byte* RegisteredWindow::at(int r, const void* pointer, size_t bytes) const {
+  const auto* p = static_cast<const std::byte*>(pointer);
+  if (p < base_ || p > base_ + bytes_ || bytes > static_cast<size_t>(base_ + bytes_ - p))
+    return nullptr;
+  std::byte* theirs = ranks_[static_cast<size_t>(r)].base;
+  return theirs ? theirs + (p - base_) : nullptr;
+}
+
+bool RegisteredWindow::reachesEveryRank() const {
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const transport::PeerWindow& w) { return w.base != nullptr; });
+}
+
+void Communicator::Impl::mapBuffers(PendingOp& op) const {
+  if (windows.empty() || nranks > algo::kMaxDirectRanks) return;
+  const size_t bytes = op.shape.count * dataTypeSize(op.info.type);
+  if (bytes == 0) return;
+  // The buffers the direct plans reach into: every rank's input and
+  // output for all-reduce, the output for all-gather and broadcast.
+  const bool inputs = op.collective == Collective::AllReduce;
+  const size_t outBytes = op.collective == Collective::AllGather ? bytes * nranks : bytes;
+  if (op.collective != Collective::AllReduce && op.collective != Collective::AllGather &&
+      op.collective != Collective::Broadcast)
+    return;
+  auto windowOf = [&](const void* pointer, size_t length) -> const RegisteredWindow* {
+    for (const RegisteredWindow& w : windows)
+      if (w.reachesEveryRank() && w.at(rank, pointer, length)) return &w;
+    return nullptr;
+  };
+  const RegisteredWindow* in = inputs ? windowOf(op.input, bytes) : nullptr;
+  const RegisteredWindow* out = windowOf(op.output, outBytes);
+  if (!out || (inputs && !in)) return;
+  op.shape.mapped = true;
+  op.peerOutputs.resize(static_cast<size_t>(nranks));
+  if (inputs) op.peerInputs.resize(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) {
+    op.peerOutputs[r] = out->at(r, op.output, outBytes);
+    if (inputs) op.peerInputs[r] = in->at(r, op.input, bytes);
+  }
+}
+
+Window Communicator::registerWindow(void* buffer, size_t bytes) {
+  Impl& impl = usable(impl_.get(), "registerWindow");
+  const char* what = "registerWindow";
+  if (!impl.device)
+    throw Error(ErrorCode::InvalidUsage, format("braid rank %d: %s: %s", impl.rank, what,
+                                                device::unavailableReason().c_str()));
+  if (!impl.deviceExecutor)
+    throw Error(ErrorCode::InvalidUsage,
+                format("braid rank %d: %s: device buffers cannot be used: %s", impl.rank, what,
+                       impl.noDevice.c_str()));
+  if (!buffer)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid rank %d: %s: argument 'buffer' is NULL", impl.rank, what));
+  if (bytes == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid rank %d: %s: argument 'bytes' is 0", impl.rank, what));
+  const int holder = impl.device->deviceOf(buffer);
+  if (holder != impl.deviceIndex)
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid rank %d: %s: argument 'buffer' is %s, not memory of this "
+                       "communicator's device %d",
+                       impl.rank, what,
+                       holder < 0 ? "host memory" : format("memory of device %d", holder).c_str(),
+                       impl.deviceIndex));
+  impl.waitForAsyncIdle();
+  const transport::Setup setup{*impl.bootstrap, impl.knobs.deviceSlotBytes, impl.knobs.deviceSlots,
+                               deadlineAfter(impl.knobs.timeout)};
+  std::vector<transport::PeerWindow> ranks;
+  try {
+    ranks = transport::mapWindow(setup, *impl.device, impl.deviceIndex, buffer, bytes);
+  } catch (const Error& error) {
+    // Every rank throws alike; an argument error leaves the communicator as it was.
+    if (error.code() == ErrorCode::Timeout) impl.recordFailure(error);
+    throw Error(error.code(), format("braid rank %d: %s: %s", impl.rank, what, error.what()));
+  }
+  const uint64_t id = impl.nextWindow++;
+  impl.windows.emplace_back(id, static_cast<std::byte*>(buffer), bytes, std::move(ranks),
+                            *impl.device);
+  return Window{id};
+}
+
+void Communicator::deregisterWindow(Window window) {
+  Impl& impl = usable(impl_.get(), "deregisterWindow");
+  auto found = std::find_if(impl.windows.begin(), impl.windows.end(),
+                            [&](const RegisteredWindow& w) { return w.id() == window.id; });
+  if (found == impl.windows.end())
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid rank %d: deregisterWindow: window %llu was not registered with "
+                       "this communicator (or was deregistered already)",
+                       impl.rank, static_cast<unsigned long long>(window.id)));
+  // Every op that may reach into a window runs before the peers unmap it.
+  impl.waitForAsyncIdle();
+  impl.deviceExecutor->waitIdle();
+  uint8_t idle = 1;
+  std::vector<uint8_t> all(static_cast<size_t>(impl.nranks));
+  all[impl.rank] = idle;
+  impl.bootstrap->allGather(all.data(), 1, deadlineAfter(impl.knobs.timeout));
+  impl.windows.erase(found);
+}
 
 Work Communicator::allReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
                              Stream stream) {
@@ -813,6 +938,10 @@ std::vector<std::string> builtTransports() { return transport::builtTransports()
 
 std::string lastAlgorithm(const Communicator& comm) {
   return comm.impl() ? algo::algorithmName(comm.impl()->plans.lastAlgorithm()) : "";
+}
+
+std::string lastDeviceAlgorithm(const Communicator& comm) {
+  return comm.impl() ? algo::algorithmName(comm.impl()->devicePlans.lastAlgorithm()) : "";
 }
 
 bool tuningLink(const Communicator& comm, algo::LinkModel* link) {

@@ -57,7 +57,36 @@ struct PendingOp {
   // cudaStream_t, or the emulated device's stream).
   bool onDevice = false;
   void* deviceStream = nullptr;
+  // In windows (shape.mapped): every rank's input and output as this rank
+  // reaches them.
+  std::vector<const std::byte*> peerInputs;
+  std::vector<std::byte*> peerOutputs;
   std::shared_ptr<Work::State> work;
+};
+
+// A window this rank registered: its memory, and every rank's as this
+// rank reaches it. Unmaps what it imported when it goes.
+class RegisteredWindow {
+ public:
+  RegisteredWindow(uint64_t id, std::byte* base, size_t bytes,
+                   std::vector<transport::PeerWindow> ranks, device::Device& device)
+      : id_(id), base_(base), bytes_(bytes), ranks_(std::move(ranks)), device_(&device) {}
+  RegisteredWindow(RegisteredWindow&& other) noexcept { *this = std::move(other); }
+  RegisteredWindow& operator=(RegisteredWindow&& other) noexcept;
+  ~RegisteredWindow();
+
+  uint64_t id() const { return id_; }
+  // Where rank `r` has [pointer, pointer + bytes) of this rank's window,
+  // or null when the range is not in the window or `r` is on another host.
+  std::byte* at(int r, const void* pointer, size_t bytes) const;
+  bool reachesEveryRank() const;
+
+ private:
+  uint64_t id_ = 0;
+  std::byte* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<transport::PeerWindow> ranks_;
+  device::Device* device_ = nullptr;
 };
 
 struct Communicator::Impl {
@@ -78,6 +107,9 @@ struct Communicator::Impl {
   void verifySameCollective(const PendingOp& op);
   // Issues `op`: into the open group, onto the progress thread, or inline.
   Work issue(PendingOp&& op);
+  // Device collectives in windows: sets op.shape.mapped and every rank's
+  // view of the op's buffers when they are (all of them, on every rank).
+  void mapBuffers(PendingOp& op) const;
   // Enqueues device ops together on their streams; their Work completes
   // once the device passed them. Throws (completing their Work with the
   // error) when they cannot be enqueued.
@@ -157,6 +189,10 @@ struct Communicator::Impl {
   std::string noDevice;
   std::array<algo::Shape, kNumDataTypes> deviceShapes;  // chunks of half a device FIFO
   PlanCache devicePlans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
+  // Registered windows (destroyed after the device executor, which waits
+  // for every op that may use them).
+  std::vector<RegisteredWindow> windows;
+  uint64_t nextWindow = 1;
 
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;

@@ -26,8 +26,10 @@ std::vector<std::string> builtTransports();
 // (read in place by the peer) rather than as copies.
 uint64_t piecesSentByReference(const Communicator& comm);
 
-// The algorithm of this rank's most recent operation ("ring", "tree", ...).
+// The algorithm of this rank's most recent operation ("ring", "tree", ...),
+// and of its most recent one on device buffers ("oneshot", "twoshot", ...).
 std::string lastAlgorithm(const Communicator& comm);
+std::string lastDeviceAlgorithm(const Communicator& comm);
 
 // The link model `comm` picks algorithms with (measured at creation under
 // BRAID_TUNING=measured); false under BRAID_TUNING=fixed.

@@ -127,6 +127,8 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
     lane.pointToPoint = op.pointToPoint;
     lane.tag = op.tag;
     lane.info = op.info;
+    lane.peerInputs = op.peerInputs;
+    lane.peerOutputs = op.peerOutputs;
     if (std::find(streams.begin(), streams.end(), op.deviceStream) == streams.end())
       streams.push_back(op.deviceStream);
     works.push_back(op.work);
@@ -202,6 +204,7 @@ uint32_t tagFor(const PendingOp& op) {
   }
   mix(op.info.count);
   mix(static_cast<uint64_t>(op.info.type));
+  mix(op.shape.mapped ? 1 : 0);  // ranks that disagree on windows fail, naming the mismatch
   uint32_t shape = static_cast<uint32_t>(h ^ (h >> 32)) & 0x7fff;
   return (op.pointToPoint ? 0x80000000u : 0u) | shape << 16 |
          static_cast<uint32_t>(op.info.seq & 0xffff);

@@ -14,6 +14,9 @@ using algo::sends;
 using algo::StepKind;
 using device::FlagOp;
 
+static_assert(algo::kMaxDirectRanks <= device::kMaxReduceInputs,
+              "a direct reduction combines every rank's buffer in one kernel");
+
 size_t scratchOf(const DeviceLane& lane) {
   return (std::max(algo::kScratchBytes, lane.plan->scratchBytes) + 255) / 256 * 256;
 }
@@ -118,6 +121,11 @@ DeviceExecutor::~DeviceExecutor() {
   } catch (const Error& error) {
     BRAID_WARN(Exec, "device executor: freeing its device resources failed: %s", error.what());
   }
+}
+
+void DeviceExecutor::waitIdle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return ops_.empty(); });
 }
 
 bool DeviceExecutor::reaches(int peer) const {
@@ -273,7 +281,9 @@ void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::Strea
   };
   if (count == 1) {
     DeviceLane& lane = lanes[0];
+    alone_ = true;
     while (lane.step < lane.plan->steps.size()) lowerPiece(lane, streamOf(lane));
+    alone_ = false;
     return;
   }
   // In turns: one piece of every lane that may run, until all are done.
@@ -310,6 +320,8 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
     pendingStream_ = stream;
   }
   const algo::Step& step = lane.plan->steps[lane.step];
+  if (step.kind == StepKind::Signal) return lowerSignals(lane, alone_);
+  if (algo::direct(step.kind)) return lowerDirect(lane, stream);
   const size_t elemSize = dataTypeSize(lane.type);
   const size_t total = step.count * elemSize;
   const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
@@ -394,6 +406,10 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
       break;
     case StepKind::Copy:
     case StepKind::Reduce:
+    case StepKind::Signal:  // (lowered apart)
+    case StepKind::ReduceFrom:
+    case StepKind::CopyTo:
+    case StepKind::CopyFrom:
       break;
   }
   // Tell the peer its slot is filled, and the sender its slot is free;
@@ -408,6 +424,75 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
     lane.done = 0;
     ++lane.step;
   }
+}
+
+void DeviceExecutor::lowerSignals(DeviceLane& lane, bool round) {
+  const auto& steps = lane.plan->steps;
+  size_t end = lane.step + 1;
+  if (round)
+    while (end < steps.size() && steps[end].kind == StepKind::Signal) ++end;
+  // Every message first (a slot of its own, empty, tagged), then every
+  // wait for the peers' and the credit back; merged with what is pending.
+  for (size_t s = lane.step; s < end; ++s) {
+    transport::DeviceFifo* out = &transport_->connection(steps[s].sendPeer)->send;
+    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
+    pendingFlags_.push_back(FlagOp::write(out->tags + out->next % slots_, lane.tag));
+    pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
+  }
+  for (size_t s = lane.step; s < end; ++s) {
+    const int peer = steps[s].recvPeer;
+    transport::DeviceFifo* in = &transport_->connection(peer)->recv;
+    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1)));
+    pendingFlags_.push_back(
+        FlagOp::wait(in->tags + in->next % slots_, lane.tag, device::Compare::Equal));
+    auto& runs = lowering_->received;
+    if (!runs.empty() && runs.back().peer == peer && runs.back().tag == lane.tag &&
+        runs.back().last == in->next)
+      ++runs.back().last;
+    else
+      runs.push_back({peer, in->next, in->next + 1, lane.tag});
+    pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
+  }
+  lane.step = end;
+}
+
+void DeviceExecutor::lowerDirect(DeviceLane& lane, device::StreamHandle stream) {
+  const algo::Step& step = lane.plan->steps[lane.step];
+  const size_t elemSize = dataTypeSize(lane.type);
+  auto ofRank = [&](algo::Buffer buffer, int rank) -> std::byte* {
+    if (rank == rank_ || buffer == algo::Buffer::Scratch) return bufferOf(lane, buffer);
+    return buffer == algo::Buffer::Input
+               ? const_cast<std::byte*>(lane.peerInputs[static_cast<size_t>(rank)])
+               : lane.peerOutputs[static_cast<size_t>(rank)];
+  };
+  flushFlags();  // the kernel runs after the waits gathered so far
+  switch (step.kind) {
+    case StepKind::ReduceFrom: {
+      device::ReduceArgs args;
+      args.dst = bufferOf(lane, step.dst) + step.dstOffset * elemSize;
+      for (int r = 0; r < nranks_; ++r)
+        args.srcs[r] = ofRank(step.src, r) + step.srcOffset * elemSize;
+      args.inputs = nranks_;
+      args.count = step.count;
+      args.type = lane.type;
+      args.op = lane.op;
+      args.finalizeDivisor = step.finalize && lane.op == ReduceOp::Avg ? lane.nranks : 0;
+      device_.reduce(stream, args);
+      break;
+    }
+    case StepKind::CopyTo:
+      device_.copy(stream, ofRank(step.dst, step.sendPeer) + step.dstOffset * elemSize,
+                   bufferOf(lane, step.src) + step.srcOffset * elemSize, step.count * elemSize);
+      break;
+    case StepKind::CopyFrom:
+      device_.copy(stream, bufferOf(lane, step.dst) + step.dstOffset * elemSize,
+                   ofRank(step.src, step.recvPeer) + step.srcOffset * elemSize,
+                   step.count * elemSize);
+      break;
+    default:
+      break;
+  }
+  ++lane.step;
 }
 
 // ---- The watchdog.

@@ -20,6 +20,12 @@
 // joins it again. A send then waits only for credit and a receive only for
 // data, so grouped sends and receives in any order cannot deadlock.
 //
+// A mapped plan's direct steps (algorithms/plan.h) are kernels too: an
+// n-input reduction over every rank's buffer, or a copy into or out of a
+// peer's; its Signals are empty messages through the FIFOs, a lone lane's
+// round of them lowered as all its messages posted, then all its waits.
+// So a direct op waits, fails and is released like any other.
+//
 // A watchdog thread completes each op's Work once the stream has passed it,
 // and fails ops: when a peer dies, aborts or says it gave up, when the
 // communicator is aborted, or when an op runs past the timeout after the
@@ -59,6 +65,10 @@ struct DeviceLane {
   bool pointToPoint = false;  // a send or a receive, not a collective
   uint32_t tag = 0;           // carried by every message of the op (see device_transport.h)
   OpInfo info;
+  // A mapped plan's view of every rank's buffers (index: rank; this rank's
+  // are its own input and output): where its direct steps read and write.
+  std::vector<const std::byte*> peerInputs;
+  std::vector<std::byte*> peerOutputs;
 
   // Lowering progress, owned by the executor.
   size_t step = 0;
@@ -83,6 +93,8 @@ class DeviceExecutor {
   ~DeviceExecutor();
 
   const transport::DeviceTransport& transport() const { return *transport_; }
+  // Blocks until every op enqueued so far completed or failed.
+  void waitIdle();
   // Whether device ops can reach `peer` (a same-host rank).
   bool reaches(int peer) const;
 
@@ -128,6 +140,10 @@ class DeviceExecutor {
   void lowerInTurns(DeviceLane* lanes, size_t count, device::StreamHandle stream,
                     device::StreamHandle sends);
   void lowerPiece(DeviceLane& lane, device::StreamHandle stream);
+  // A mapped plan's steps: a round of Signals (all of it when `round`,
+  // else one), and the direct kernels.
+  void lowerSignals(DeviceLane& lane, bool round);
+  void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
   // gathered for).
   void flushFlags();
@@ -174,6 +190,7 @@ class DeviceExecutor {
   device::StreamHandle pendingStream_ = nullptr;  // ...for this stream
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   Op* lowering_ = nullptr;                        // the op lowerPiece() adds to
+  bool alone_ = false;                            // lowering a single lane
   size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use

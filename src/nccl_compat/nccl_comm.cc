@@ -576,17 +576,46 @@ NCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle
 
 NCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                                  ncclWindow_t* win, int winFlags) {
-  (void)comm, (void)buff, (void)size, (void)win, (void)winFlags;
-  return failWith(ncclInvalidUsage,
-                  "ncclCommWindowRegister: symmetric memory windows are not supported by braid "
-                  "yet");
+  const char* fn = "ncclCommWindowRegister";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (ncclResult_t bad = need(win, fn, "win")) return bad;
+    if (winFlags != NCCL_WIN_DEFAULT && winFlags != NCCL_WIN_COLL_SYMMETRIC)
+      return badArgument(fn, format("argument 'winFlags' is %d, not NCCL_WIN_DEFAULT or "
+                                    "NCCL_WIN_COLL_SYMMETRIC",
+                                    winFlags));
+    auto handle = std::make_unique<ncclWindow_vidmem>();
+    handle->comm = comm;
+    ncclWindow_vidmem* made = handle.get();
+    auto make = [made, buff, size, fn] {
+      made->window = usable(made->comm, fn, false).comm.registerWindow(buff, size);
+    };
+    // In a group (one thread registering for several ranks), at its end.
+    if (tGroup.depth > 0)
+      tGroup.creations.push_back(make);
+    else
+      make();
+    *win = handle.release();
+    return ncclSuccess;
+  });
 }
 
 NCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  (void)comm, (void)win;
-  return failWith(ncclInvalidUsage,
-                  "ncclCommWindowDeregister: symmetric memory windows are not supported by "
-                  "braid yet");
+  const char* fn = "ncclCommWindowDeregister";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (!win || win->comm != comm)
+      return badArgument(fn, "argument 'win' was not registered on this communicator");
+    auto unmake = [win, fn] {
+      std::unique_ptr<ncclWindow_vidmem> handle(win);
+      usable(win->comm, fn, false).comm.deregisterWindow(win->window);
+    };
+    if (tGroup.depth > 0)
+      tGroup.creations.push_back(unmake);
+    else
+      unmake();
+    return ncclSuccess;
+  });
 }
 
 NCCL_EXPORT ncclResult_t pncclGroupStart() {

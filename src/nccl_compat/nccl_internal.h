@@ -78,6 +78,12 @@ int rawValue(const Enum& value) {
 
 }  // namespace braid::nccl
 
+// A symmetric window's handle (ncclWindow_t).
+struct ncclWindow_vidmem {
+  ncclComm* comm = nullptr;
+  braid::Window window;  // filled at ncclGroupEnd for one registered in a group
+};
+
 // A communicator handle. `comm` is set once the communicator exists: at
 // once for a blocking init outside a group, at ncclGroupEnd inside one, on
 // the init thread for a nonblocking one.

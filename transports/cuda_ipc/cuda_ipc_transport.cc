@@ -50,6 +50,42 @@ uint32_t* counterAt(std::byte* block, size_t offset) {
   return reinterpret_cast<uint32_t*>(block + offset);
 }
 
+// Runs `phase`, then tells every rank whether it threw: when any rank's
+// did, every rank throws the first such rank's error (its code and what it
+// said), as "cuda_ipc: rank R could not <doing>: ...".
+template <typename Phase>
+void agree(bootstrap::Bootstrap& bootstrap, net::Deadline deadline, const char* doing,
+           Phase&& phase) {
+  struct Outcome {
+    int32_t code;  // -1: fine
+    char what[244];
+  };
+  std::vector<Outcome> all(static_cast<size_t>(bootstrap.size()));
+  Outcome& mine = all[bootstrap.rank()];
+  std::memset(&mine, 0, sizeof(mine));
+  mine.code = -1;
+  try {
+    phase();
+  } catch (const Error& error) {
+    mine.code = static_cast<int32_t>(error.code());
+    std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
+  } catch (const std::exception& error) {
+    mine.code = static_cast<int32_t>(ErrorCode::SystemError);
+    std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
+  }
+  bootstrap.allGather(all.data(), sizeof(Outcome), deadline);
+  for (int r = 0; r < bootstrap.size(); ++r)
+    if (all[r].code >= 0) {
+      all[r].what[sizeof(all[r].what) - 1] = '\0';
+      throw Error(static_cast<ErrorCode>(all[r].code),
+                  format("cuda_ipc: rank %d could not %s: %s", r, doing, all[r].what));
+    }
+}
+
+std::string who(int rank) { return format("rank %d", rank); }
+
+constexpr const char* kSettingUp = "set up device connections";
+
 class CudaIpcTransport final : public DeviceTransport {
  public:
   CudaIpcTransport(device::Device& device, int rank, int nranks, size_t slotBytes, int slots)
@@ -115,7 +151,7 @@ class CudaIpcTransport final : public DeviceTransport {
     auto local = [&](int r) { return bootstrap.table()[r].hostId == host; };
 
     std::optional<UnixListener> listening;
-    agree(bootstrap, deadline, [&] { listening.emplace(); });
+    agree(bootstrap, deadline, kSettingUp, [&] { listening.emplace(); });
     UnixListener& listener = *listening;
     std::vector<Advert> adverts(static_cast<size_t>(nranks));
     Advert& mine = adverts[rank_];
@@ -129,7 +165,7 @@ class CudaIpcTransport final : public DeviceTransport {
 
     // Memory, and a connection to every higher rank (a connect and its
     // hello never wait for the accept).
-    agree(bootstrap, deadline, [&] {
+    agree(bootstrap, deadline, kSettingUp, [&] {
       for (int r = 0; r < nranks; ++r) {
         if (!local(r)) continue;
         Peer& peer = peers_[r];
@@ -154,7 +190,7 @@ class CudaIpcTransport final : public DeviceTransport {
     });
     // Every lower rank connected: accept them, then swap the blocks'
     // descriptors (all sends first: small, they never block).
-    agree(bootstrap, deadline, [&] {
+    agree(bootstrap, deadline, kSettingUp, [&] {
       int lower = 0;
       for (int r = 0; r < rank_; ++r) lower += local(r) ? 1 : 0;
       for (int accepted = 0; accepted < lower;) {
@@ -181,7 +217,7 @@ class CudaIpcTransport final : public DeviceTransport {
         ::close(fd);
       }
     });
-    agree(bootstrap, deadline, [&] {
+    agree(bootstrap, deadline, kSettingUp, [&] {
       for (int r = 0; r < nranks; ++r) {
         Peer& peer = peers_[r];
         if (r == rank_ && peer.local) peer.remote = peer.local;
@@ -274,40 +310,6 @@ class CudaIpcTransport final : public DeviceTransport {
     size_t have = 0;
   };
 
-  static std::string who(int rank) { return format("rank %d", rank); }
-
-  // Runs `phase`, then tells every rank whether it threw: when any rank's
-  // did, every rank throws the first such rank's error (its code and what
-  // it said).
-  template <typename Phase>
-  void agree(bootstrap::Bootstrap& bootstrap, net::Deadline deadline, Phase&& phase) {
-    struct Outcome {
-      int32_t code;  // -1: fine
-      char what[244];
-    };
-    std::vector<Outcome> all(static_cast<size_t>(bootstrap.size()));
-    Outcome& mine = all[rank_];
-    std::memset(&mine, 0, sizeof(mine));
-    mine.code = -1;
-    try {
-      phase();
-    } catch (const Error& error) {
-      mine.code = static_cast<int32_t>(error.code());
-      std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
-    } catch (const std::exception& error) {
-      mine.code = static_cast<int32_t>(ErrorCode::SystemError);
-      std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
-    }
-    bootstrap.allGather(all.data(), sizeof(Outcome), deadline);
-    for (int r = 0; r < bootstrap.size(); ++r)
-      if (all[r].code >= 0) {
-        all[r].what[sizeof(all[r].what) - 1] = '\0';
-        throw Error(
-            static_cast<ErrorCode>(all[r].code),
-            format("cuda_ipc: rank %d could not set up device connections: %s", r, all[r].what));
-      }
-  }
-
   // Takes in what `peer` sent: whole notices, and its close.
   void readNotices(int rank, std::vector<PeerNotice>* notices) {
     Peer& peer = peers_[static_cast<size_t>(rank)];
@@ -390,6 +392,108 @@ std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device:
                                                       slotBytes, slots);
   transport->setUp(bootstrap, deviceIndex, deadline);
   return transport;
+}
+
+std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Device& device,
+                                  int deviceIndex, void* base, size_t bytes,
+                                  net::Deadline deadline) {
+  const int nranks = bootstrap.size(), rank = bootstrap.rank();
+  const std::string& host = bootstrap.table()[rank].hostId;
+  struct Offer {
+    char listener[64];
+    uint64_t process;
+    uint64_t base;
+    uint64_t bytes;
+    int32_t device;
+  };
+  constexpr const char* kMapping = "map a window";
+  std::optional<UnixListener> listening;
+  agree(bootstrap, deadline, kMapping, [&] { listening.emplace(); });
+  std::vector<Offer> offers(static_cast<size_t>(nranks));
+  Offer& mine = offers[rank];
+  std::memset(&mine, 0, sizeof(mine));
+  std::snprintf(mine.listener, sizeof(mine.listener), "%s", listening->name().c_str());
+  mine.process = nvlink_p2p::processToken();
+  mine.base = reinterpret_cast<uintptr_t>(base);
+  mine.bytes = bytes;
+  mine.device = deviceIndex;
+  bootstrap.allGather(offers.data(), sizeof(Offer), deadline);
+  // Ranks of another process on this host: they need a descriptor.
+  auto viaIpc = [&](int r) {
+    return r != rank && bootstrap.table()[r].hostId == host && offers[r].process != mine.process;
+  };
+  std::vector<PeerWindow> windows(static_cast<size_t>(nranks));
+  std::vector<net::Socket> channels(static_cast<size_t>(nranks));
+  agree(bootstrap, deadline, kMapping, [&] {
+    for (int r = 0; r < nranks; ++r)
+      if (offers[r].bytes != bytes)
+        throw Error(ErrorCode::InvalidArgument,
+                    format("its window is %zu bytes and rank %d's %llu: every rank registers the "
+                           "same size",
+                           bytes, r, static_cast<unsigned long long>(offers[r].bytes)));
+    for (int r = rank + 1; r < nranks; ++r)
+      if (viaIpc(r)) {
+        offers[r].listener[sizeof(offers[r].listener) - 1] = '\0';
+        channels[r] = connectUnix(offers[r].listener, bootstrap.secret(), rank, deadline, who(r));
+      }
+  });
+  agree(bootstrap, deadline, kMapping, [&] {
+    int lower = 0;
+    for (int r = 0; r < rank; ++r) lower += viaIpc(r) ? 1 : 0;
+    for (int accepted = 0; accepted < lower;) {
+      int from = -1;
+      net::Socket socket = listening->accept(bootstrap.secret(), &from, deadline);
+      if (from < 0 || from >= rank || !viaIpc(from) || channels[from].valid()) {
+        BRAID_WARN(Init, "cuda_ipc: dropped a connection that claims to be rank %d", from);
+        continue;
+      }
+      channels[from] = std::move(socket);
+      ++accepted;
+    }
+    bool anyIpc = false;
+    for (int r = 0; r < nranks; ++r) anyIpc |= channels[r].valid();
+    if (!anyIpc) return;
+    const int fd = device.exportFd(base);  // throws for memory braid did not allocate
+    try {
+      for (int r = 0; r < nranks; ++r)
+        if (channels[r].valid())
+          sendWithFd(channels[r], &mine.bytes, sizeof(mine.bytes), fd, deadline, who(r));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  });
+  try {
+    agree(bootstrap, deadline, kMapping, [&] {
+      for (int r = 0; r < nranks; ++r) {
+        if (r == rank || (bootstrap.table()[r].hostId == host && !viaIpc(r))) {
+          windows[r].base = reinterpret_cast<std::byte*>(static_cast<uintptr_t>(offers[r].base));
+          continue;
+        }
+        if (!channels[r].valid()) continue;
+        uint64_t size = 0;
+        const int fd = recvWithFd(channels[r], &size, sizeof(size), deadline, who(r));
+        try {
+          windows[r].base = static_cast<std::byte*>(device.import(fd, bytes, deviceIndex));
+          windows[r].imported = true;
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
+        ::close(fd);
+      }
+    });
+  } catch (...) {
+    unmapWindow(device, windows, bytes);
+    throw;
+  }
+  return windows;
+}
+
+void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes) {
+  for (const PeerWindow& window : windows)
+    if (window.imported) device.unimport(window.base, bytes);
 }
 
 }  // namespace braid::transport::cuda_ipc

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "bootstrap/bootstrap.h"
 #include "device/device.h"
@@ -36,5 +37,19 @@ namespace braid::transport::cuda_ipc {
 std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
                                         int deviceIndex, size_t slotBytes, int slots,
                                         net::Deadline deadline);
+
+// Collective over the communicator: every rank offers `bytes` of device
+// memory at `base`, and gets every rank's window as it can reach it: its
+// own and those of ranks in this process as they are (one address space:
+// nvlink_p2p), those of other processes on this host imported from the
+// allocation's file descriptor (cuda_ipc: the window must then be an
+// allocation of `device` from its start), none on other hosts. When any
+// rank cannot (the sizes differ, memory that cannot be exported, a socket
+// that fails), every rank throws the same Error naming that rank.
+std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Device& device,
+                                  int deviceIndex, void* base, size_t bytes,
+                                  net::Deadline deadline);
+// Unmaps what mapWindow() imported.
+void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes);
 
 }  // namespace braid::transport::cuda_ipc

@@ -227,6 +227,10 @@ BRAID_NCCL_API(ncclResult_t, CommUserRank, (const ncclComm_t comm, int* rank));
 BRAID_NCCL_API(ncclResult_t, CommRegister,
                (const ncclComm_t comm, void* buff, size_t size, void** handle));
 BRAID_NCCL_API(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
+/* Symmetric windows (collective): device memory every rank of the host
+ * maps; collectives whose buffers lie in windows at the same offsets on
+ * every rank move their data by direct loads and stores. Inside a group,
+ * registered at ncclGroupEnd. */
 BRAID_NCCL_API(ncclResult_t, CommWindowRegister,
                (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 BRAID_NCCL_API(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));

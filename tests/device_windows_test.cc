@@ -1,0 +1,297 @@
+// Registered windows and the direct algorithms on them: one-shot and
+// two-shot all-reduce, one-shot all-gather and broadcast, against the
+// reference and one-shot against two-shot bit for bit; ranks in processes
+// of their own (windows mapped through cuda_ipc) and in one process
+// (nvlink_p2p); registration while other ops run; bad windows. On the
+// emulated device everywhere, and on CUDA where a GPU is present (an
+// instance whose device is missing skips, saying why).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/introspect.h"
+#include "device_cases.h"
+#include "device_support.h"
+#include "multirank.h"
+#include "reference.h"
+
+namespace braid::testing {
+namespace {
+
+// A registered window of braid's device memory, carved front to back
+// into the buffers of a case (every rank carves alike, so their offsets
+// match: the symmetric contract).
+class TestWindow {
+ public:
+  TestWindow(Communicator& comm, size_t bytes)
+      : comm_(comm),
+        bytes_(bytes),
+        base_(static_cast<std::byte*>(device::current()->allocate(comm.device(), bytes))),
+        window_(comm.registerWindow(base_, bytes)) {}
+  ~TestWindow() {
+    comm_.deregisterWindow(window_);
+    device::current()->free(base_);
+  }
+  TestWindow(const TestWindow&) = delete;
+  TestWindow& operator=(const TestWindow&) = delete;
+
+  std::byte* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Communicator& comm_;
+  size_t bytes_;
+  std::byte* base_;
+  Window window_;
+};
+
+// The case on buffers at the window's start (send, then recv 4 KiB on).
+std::string runInWindow(Communicator& comm, TestStream& stream, TestWindow& window, const Case& c,
+                        uint64_t seed) {
+  const size_t sendBytes = IssuedCase::sendBytes(c, comm.size());
+  const size_t recvAt = (sendBytes + 4095) / 4096 * 4096;
+  require(recvAt + IssuedCase::recvBytes(c, comm.size()) <= window.bytes(),
+          "the test window is too small for " + label(c, comm.size()));
+  IssuedCase issued(comm, stream, c, seed, window.base(), window.base() + recvAt);
+  stream.synchronize();
+  return issued.check();
+}
+
+constexpr size_t kWindowBytes = size_t{8} << 20;
+
+class Windows : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string why = unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << "no " << GetParam() << " device here: " << why;
+    ::setenv("BRAID_DEVICE_SLOT_BYTES", "64K", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("BRAID_DEVICE_SLOT_BYTES");
+    ::unsetenv("BRAID_ALGO");
+  }
+  RunOptions options() const {
+    RunOptions options;
+    const std::string backend = GetParam();
+    options.enter = [backend](int rank) {
+      device::select(backend);
+      device::Device* device = device::current();
+      if (device && device->count() > 1) device->setCurrent(rank % device->count());
+    };
+    return options;
+  }
+};
+
+// The sweep of one algorithm setting: every direct collective, in and out
+// of place, on window buffers; the algorithm that ran is checked too.
+void sweepInWindow(Communicator& comm, const char* expectSmall, const char* expectLarge) {
+  TestStream stream(comm.device());
+  TestWindow window(comm, kWindowBytes);
+  uint64_t seed = 100;
+  const size_t large = (size_t{1} << 18) + 37;  // past one-shot's 256 KiB in float32
+  for (DataType type : {DataType::Float32, DataType::BFloat16, DataType::Int32})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max})
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1023}, large})
+        for (bool inPlace : {false, true}) {
+          const Case c{Coll::AllReduce, type, op, count, inPlace, 0};
+          const std::string problem = runInWindow(comm, stream, window, c, ++seed);
+          require(problem.empty(), problem);
+          const bool big = count * dataTypeSize(type) > (size_t{256} << 10);
+          const std::string ran = braid::detail::lastDeviceAlgorithm(comm);
+          const char* want = big ? expectLarge : expectSmall;
+          require(ran == want, label(c, comm.size()) + "ran " + ran + ", not " + want);
+        }
+  for (Coll coll : {Coll::AllGather, Coll::Broadcast})
+    for (size_t count : {size_t{1}, size_t{1023}, size_t{100003}})
+      for (bool inPlace : {false, true}) {
+        const Case c{coll, DataType::Float32, ReduceOp::Sum, count, inPlace, comm.size() - 1};
+        const std::string problem = runInWindow(comm, stream, window, c, ++seed);
+        require(problem.empty(), problem);
+        const std::string ran = braid::detail::lastDeviceAlgorithm(comm);
+        require(ran == "oneshot", label(c, comm.size()) + "ran " + ran + ", not oneshot");
+      }
+  // The collectives without direct plans still work on window buffers.
+  for (Coll coll : {Coll::Reduce, Coll::ReduceScatter}) {
+    const Case c{coll, DataType::Float32, ReduceOp::Sum, 4099, false, 0};
+    const std::string problem = runInWindow(comm, stream, window, c, ++seed);
+    require(problem.empty(), problem);
+  }
+}
+
+TEST_P(Windows, DirectCollectivesInWindowsMatchTheReferenceAt2To4Ranks) {
+  for (int nranks : {2, 3, 4})
+    runRanks(
+        nranks, [](Communicator& comm) { sweepInWindow(comm, "oneshot", "twoshot"); }, options());
+}
+
+TEST_P(Windows, BraidAlgoForcesOneShotOrTwoShotAtEverySize) {
+  for (const char* algo : {"oneshot", "twoshot"}) {
+    ::setenv("BRAID_ALGO", algo, 1);
+    runRanks(
+        3, [algo](Communicator& comm) { sweepInWindow(comm, algo, algo); }, options());
+  }
+}
+
+TEST_P(Windows, RanksOfOneProcessUseTheirWindowsDirectly) {
+  RunOptions run = options();
+  runProcesses(
+      1,
+      [](int, const UniqueId&, const Config& config) {
+        const int devices = device::current()->count();
+        std::vector<Communicator> comms = Communicator::initAll({0, 1 % devices, 0}, config);
+        // One thread per rank: registration and each op's check block.
+        std::vector<std::thread> threads;
+        std::vector<std::string> failures(comms.size());
+        for (size_t r = 0; r < comms.size(); ++r)
+          threads.emplace_back([&, r] {
+            try {
+              device::current()->setCurrent(comms[r].device());
+              sweepInWindow(comms[r], "oneshot", "twoshot");
+            } catch (const RankFailure& failure) {
+              failures[r] = failure.message;
+            } catch (const std::exception& error) {
+              failures[r] = error.what();
+            }
+          });
+        for (std::thread& thread : threads) thread.join();
+        for (size_t r = 0; r < comms.size(); ++r)
+          require(failures[r].empty(), format("rank %zu: %s", r, failures[r].c_str()));
+      },
+      run);
+}
+
+// One-shot and two-shot combine every element's inputs in rank order: the
+// same bits, and the same on every rank.
+TEST_P(Windows, OneShotAndTwoShotGiveTheSameBitsOnEveryRank) {
+  constexpr int kRanks = 4;
+  const DataType kTypes[] = {DataType::Float32, DataType::BFloat16, DataType::Float16};
+  struct Hashes {
+    uint64_t of[2][3][kRanks];  // algorithm, type, rank
+  };
+  SharedWithRanks<Hashes> hashes;
+  const char* const kAlgos[] = {"oneshot", "twoshot"};
+  for (int a = 0; a < 2; ++a) {
+    ::setenv("BRAID_ALGO", kAlgos[a], 1);
+    runRanks(
+        kRanks,
+        [&](Communicator& comm) {
+          TestStream stream(comm.device());
+          TestWindow window(comm, kWindowBytes);
+          const size_t count = 50021;
+          std::byte* in = window.base();
+          std::byte* out = window.base() + (size_t{4} << 20);
+          for (int t = 0; t < 3; ++t) {
+            const DataType type = kTypes[t];
+            const size_t size = dataTypeSize(type);
+            std::vector<std::byte> input(count * size), result(count * size);
+            fillInput(type, ReduceOp::Sum, 77, comm.rank(), 0, count, input.data());
+            device::current()->copyNow(in, input.data(), input.size());
+            comm.allReduce(in, out, count, type, ReduceOp::Sum, stream.stream()).wait();
+            stream.synchronize();
+            require(braid::detail::lastDeviceAlgorithm(comm) == kAlgos[a],
+                    std::string("BRAID_ALGO=") + kAlgos[a] + " ran " +
+                        braid::detail::lastDeviceAlgorithm(comm));
+            device::current()->copyNow(result.data(), out, result.size());
+            const std::string problem =
+                checkReduced(type, ReduceOp::Sum, 77, comm.size(), 0, count, result.data());
+            require(problem.empty(), std::string(kAlgos[a]) + ": " + problem);
+            uint64_t h = 0xcbf29ce484222325ull;
+            for (std::byte b : result) h = (h ^ static_cast<uint8_t>(b)) * 0x100000001b3ull;
+            hashes->of[a][t][comm.rank()] = h;
+          }
+        },
+        options());
+  }
+  for (int t = 0; t < 3; ++t)
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(hashes->of[0][t][r], hashes->of[0][t][0])
+          << dataTypeName(kTypes[t]) << ": rank " << r
+          << "'s one-shot result differs from rank 0's";
+      EXPECT_EQ(hashes->of[1][t][r], hashes->of[0][t][r])
+          << dataTypeName(kTypes[t]) << ": rank " << r
+          << "'s two-shot result differs from one-shot's";
+    }
+}
+
+// Windows come and go while ring ops on other buffers are still queued on
+// the stream; deregistration waits for the ops that may use the window.
+TEST_P(Windows, RegistrationAndDeregistrationWhileOtherOpsRun) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        TestStream busy(comm.device()), stream(comm.device());
+        std::vector<std::unique_ptr<IssuedCase>> queued;
+        uint64_t seed = 500;
+        for (int i = 0; i < 4; ++i)  // not waited for until the end
+          queued.push_back(std::make_unique<IssuedCase>(
+              comm, busy, Case{Coll::AllReduce, DataType::Float32, ReduceOp::Sum, 200003, false, 0},
+              ++seed));
+        for (int round = 0; round < 3; ++round) {
+          auto first = std::make_unique<TestWindow>(comm, kWindowBytes);
+          TestWindow second(comm, kWindowBytes);
+          for (TestWindow* window : {first.get(), &second}) {
+            const Case c{Coll::AllReduce, DataType::Int32, ReduceOp::Sum, 4097, round % 2 == 1, 0};
+            const std::string problem = runInWindow(comm, stream, *window, c, ++seed);
+            require(problem.empty(), problem);
+          }
+          first.reset();  // deregistered while `second` stays
+          const std::string problem =
+              runInWindow(comm, stream, second,
+                          {Coll::AllGather, DataType::Int8, ReduceOp::Sum, 333, false, 0}, ++seed);
+          require(problem.empty(), problem);
+        }
+        busy.synchronize();
+        for (auto& issued : queued) {
+          const std::string problem = issued->check();
+          require(problem.empty(), problem);
+        }
+      },
+      options());
+}
+
+TEST_P(Windows, BadWindowsAreRefusedNamingTheArgumentAndTheCommunicatorGoesOn) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        auto refused = [&](const std::function<void()>& call, const std::string& naming) {
+          try {
+            call();
+          } catch (const Error& error) {
+            require(error.code() == ErrorCode::InvalidArgument &&
+                        std::string(error.what()).find(naming) != std::string::npos,
+                    format("refused with: %s", error.what()));
+            return;
+          }
+          require(false, "accepted a bad window (" + naming + ")");
+        };
+        std::vector<std::byte> host(4096);
+        refused([&] { comm.registerWindow(host.data(), host.size()); }, "argument 'buffer'");
+        DeviceBuffer memory(comm.device(), 1 << 20);
+        refused([&] { comm.registerWindow(memory.data(), 0); }, "argument 'bytes'");
+        refused([&] { comm.registerWindow(nullptr, 64); }, "argument 'buffer'");
+        // Sizes that differ between the ranks: refused on every rank.
+        refused([&] { comm.registerWindow(memory.data(), comm.rank() == 0 ? 4096 : 8192); },
+                "every rank registers the same size");
+        refused([&] { comm.deregisterWindow(Window{12345}); }, "window 12345");
+        // Nothing half done: a window registers, works and goes.
+        TestStream stream(comm.device());
+        TestWindow window(comm, kWindowBytes);
+        const std::string problem =
+            runInWindow(comm, stream, window,
+                        {Coll::AllReduce, DataType::Float32, ReduceOp::Max, 99, true, 0}, 9);
+        require(problem.empty(), problem);
+      },
+      options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Device, Windows, ::testing::Values("emulated", "cuda"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace braid::testing
