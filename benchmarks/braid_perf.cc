@@ -193,12 +193,14 @@ class Runner {
   std::unique_ptr<Buffer> send_, recv_;
   size_t sendBytes_ = 0, recvBytes_ = 0;                   // their sizes
   std::unique_ptr<DeviceBuffer> deviceSend_, deviceRecv_;  // -G 1
+  std::vector<Window> windows_;                            // -R 2: theirs
 };
 
 Runner::~Runner() {
   if (!device_) return;
   try {
     device_->synchronize();
+    for (Window window : windows_) comm_.deregisterWindow(window);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-perf: rank %d: %s\n", rank_, e.what());
   }
@@ -331,7 +333,7 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
   if (device_) last.wait();
 
   Measurement m;
-  m.algorithm = detail::lastAlgorithm(comm_);
+  m.algorithm = device_ ? detail::lastDeviceAlgorithm(comm_) : detail::lastAlgorithm(comm_);
   m.timeUs = aggregateTime(elapsed.count() / options_.iters);
   double bytes = static_cast<double>(reportedBytes(collective_, count, type, nranks_));
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
@@ -370,10 +372,12 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
     std::printf("# sizes %zu to %zu bytes, step factor %zu", sizes.front(), sizes.back(),
                 options_.stepFactor);
   }
-  std::string buffers = options_.registered ? "braid::memAlloc" : "malloc";
+  std::string buffers = options_.registration == 1 ? "braid::memAlloc" : "malloc";
   if (device_) {
     buffers = std::string("device memory of ") + device_->device().name() + " device " +
-              std::to_string(device_->index()) + ", calls on one device stream";
+              std::to_string(device_->index()) +
+              (options_.registration == 2 ? " in registered windows" : "") +
+              ", calls on one device stream";
   }
   std::printf("; time per call: %s; buffers: %s\n#\n", averageName(options_.average),
               buffers.c_str());
@@ -454,13 +458,17 @@ Result Runner::run() {
       recvBytes = std::max(recvBytes, c == Collective::AllGather ? whole : part);
     }
   }
-  send_ = std::make_unique<Buffer>(sendBytes, options_.registered);
-  recv_ = std::make_unique<Buffer>(recvBytes, options_.registered);
+  send_ = std::make_unique<Buffer>(sendBytes, options_.registration == 1);
+  recv_ = std::make_unique<Buffer>(recvBytes, options_.registration == 1);
   sendBytes_ = sendBytes;
   recvBytes_ = recvBytes;
   if (device_) {
     deviceSend_ = std::make_unique<DeviceBuffer>(device_->device(), device_->index(), sendBytes);
     deviceRecv_ = std::make_unique<DeviceBuffer>(device_->device(), device_->index(), recvBytes);
+    if (options_.registration == 2) {  // the same sizes on every rank
+      windows_.push_back(comm_.registerWindow(deviceSend_->data(), std::max<size_t>(sendBytes, 1)));
+      windows_.push_back(comm_.registerWindow(deviceRecv_->data(), std::max<size_t>(recvBytes, 1)));
+    }
   }
 
   if (rank_ == 0) printHeader(sizes);

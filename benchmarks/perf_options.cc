@@ -29,8 +29,10 @@ constexpr const char* kUsage =
     "  -a, --all                every collective, one table each, one summary\n"
     "  -A, --average N          time reported: 0 rank 0's, 1 mean, 2 min, 3 max over\n"
     "                           ranks (default 3; nccl-tests calls this -a)\n"
-    "  -R, --local_register 0|1 1: buffers from braid::memAlloc, which same-host peers\n"
-    "                           read in place (default 0: ordinary memory)\n"
+    "  -R, --local_register 0|1|2  1: buffers from braid::memAlloc, which same-host\n"
+    "                           peers read in place; 2 (with -G 1): device buffers\n"
+    "                           registered as windows, which collectives reach into\n"
+    "                           directly, as nccl-tests' -R 2 (default 0: neither)\n"
     "  -G, --device 0|1         1: buffers in device memory of the communicator's device\n"
     "                           (BRAID_DEVICE picks it), every call enqueued on one device\n"
     "                           stream; the time covers the calls and a stream synchronize\n"
@@ -263,7 +265,7 @@ bool parseOptions(int argc, char** argv, Options* options) {
         haveAll = true;
         break;
       case 'R':
-        options->registered = intValue(option, value, 0, 1) == 1;
+        options->registration = static_cast<int>(intValue(option, value, 0, 2));
         break;
       case 'G':
         options->onDevice = intValue(option, value, 0, 1) == 1;
@@ -284,8 +286,10 @@ bool parseOptions(int argc, char** argv, Options* options) {
   if (options->minBytes > options->maxBytes)
     throw UsageError("-b (" + std::to_string(options->minBytes) + ") is larger than -e (" +
                      std::to_string(options->maxBytes) + ")");
-  if (options->onDevice && options->registered)
-    throw UsageError("-G 1 and -R 1 exclude each other: -R registers host memory");
+  if (options->onDevice && options->registration == 1)
+    throw UsageError("-G 1 and -R 1 exclude each other: -R 1 registers host memory");
+  if (!options->onDevice && options->registration == 2)
+    throw UsageError("-R 2 registers device buffers as windows: it needs -G 1");
   if (haveFactor && options->stepBytes > 0)
     throw UsageError("-f and -i exclude each other: step by a factor or by bytes");
   return true;

@@ -45,9 +45,12 @@ struct Options {
   std::vector<ReduceOp> ops = {ReduceOp::Sum};        // -o
   int root = 0;                                       // -r
   Average average = Average::Max;                     // -A
-  bool registered = false;                            // -R: buffers from braid::memAlloc
-  bool onDevice = false;                              // -G: device buffers, device stream
-  std::string jsonPath;                               // -J: also write the results here
+  // -R: 1, host buffers from braid::memAlloc; 2 (with -G 1), device buffers
+  // registered as windows (Communicator::registerWindow), NCCL's symmetric
+  // registration.
+  int registration = 0;
+  bool onDevice = false;  // -G: device buffers, device stream
+  std::string jsonPath;   // -J: also write the results here
 };
 
 using UsageError = bench::UsageError;  // a bad command line; what() names the option
