@@ -5,19 +5,25 @@
 #
 #   1. configures build-gpu/ afresh (Release, BRAID_CUDA=ON, tests on) and
 #      builds only what it runs;
-#   2. device_test's CUDA instances (--gtest_filter='*/cuda'), which must all
-#      run and pass: an instance that skips (no GPU or driver) fails the
-#      script. Those tests already put several ranks on the one GPU (their
-#      sweeps run 1, 2, 3, 4 and 5 ranks, plus the fault tests), so nothing
-#      here repeats that;
+#   2. the CUDA instances (--gtest_filter='*/cuda') of device_test,
+#      device_one_process_test (initAll, nvlink_p2p), device_windows_test
+#      (registered windows, one-shot and two-shot) and device_nccl_test,
+#      which must all run and pass: an instance that skips (no GPU or
+#      driver) fails the script. Those tests already put several ranks on
+#      the one GPU (1 to 5 ranks, several per process too, plus the fault
+#      tests), so nothing here repeats that;
 #   3. braid-perf all-reduce on device buffers (-G 1), bfloat16 at 2 and 4
 #      ranks and float at 2, 8 B to 256 MiB (every #wrong must be 0), and
-#      bfloat16 at 256 MiB alone (-f 4 from 8 B stops at 128 MiB);
+#      bfloat16 at 256 MiB alone (-f 4 from 8 B stops at 128 MiB); then the
+#      same bfloat16 runs on buffers in registered windows (-R 2: one-shot
+#      up to 256 KiB, two-shot above);
 #   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
 #      2-input Sum reduce for float32, bfloat16 and float16;
 #   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
-#      <= 15 us; 256 MiB bfloat16 busbw at 2 ranks >= 0.6 * copy_bw *
-#      (n-1)/n^2; the reduce kernels' bandwidth >= 0.9 of the copy kernel's.
+#      <= 15 us (<= 10 us in windows); 256 MiB bfloat16 busbw at 2 ranks >=
+#      0.6 * copy_bw * (n-1)/n^2, slot FIFOs and two-shot alike; one-shot
+#      faster than the slot-FIFO algorithms at 256 KiB at 2 and 4 ranks; the
+#      reduce kernels' bandwidth >= 0.9 of the copy kernel's.
 #      copy_bw is the copy kernel's bytes read + written per second (2 x size
 #      per copy), and a reduce's bandwidth counts 3 x size, as the benchmark
 #      reports them.
@@ -101,26 +107,40 @@ main() {
   if grep -q "Google Benchmark not found" "$logs/configure.log"; then
     fail "Google Benchmark is not installed (libbenchmark-dev): braid-bench-device-kernels cannot be built"
   fi
+  suites=(device_test device_one_process_test device_windows_test device_nccl_test)
   step build 300 cmake --build "$build" -j "$(nproc)" \
-    --target device_test braid-run braid-perf braid-bench-device-kernels
+    --target "${suites[@]}" braid-run braid-perf braid-bench-device-kernels
 
   # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
   # with status 0, so the output decides.
-  step cuda-tests 240 "$bin/device_test" --gtest_filter='*/cuda'
-  if grep -q '^\[  SKIPPED \]' "$logs/cuda-tests.log"; then
-    reason=$(grep -m1 -o 'no cuda device here: .*' "$logs/cuda-tests.log" || true)
-    fail "the CUDA device tests were skipped, so there is no usable GPU here: ${reason:-see the log}"
-  fi
-  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$logs/cuda-tests.log" | tail -1)
-  if [ -z "$passed" ] || [ "$passed" -eq 0 ]; then
-    fail "no CUDA device test ran (did the filter '*/cuda' match nothing?)"
-  fi
+  for suite in "${suites[@]}"; do
+    step "cuda-$suite" 240 "$bin/$suite" --gtest_filter='*/cuda'
+    if grep -q '^\[  SKIPPED \]' "$logs/cuda-$suite.log"; then
+      reason=$(grep -m1 -o 'no cuda device here: .*' "$logs/cuda-$suite.log" || true)
+      skipped=$(grep -m1 '^\[  SKIPPED \] ' "$logs/cuda-$suite.log" || true)
+      case "$reason" in
+        "") fail "$suite skipped a CUDA test: ${skipped:-see the log}" ;;
+        *) fail "the CUDA device tests were skipped, so there is no usable GPU here: $reason" ;;
+      esac
+    fi
+    passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$logs/cuda-$suite.log" | tail -1)
+    if [ -z "$passed" ] || [ "$passed" -eq 0 ]; then
+      fail "no CUDA test of $suite ran (did the filter '*/cuda' match nothing?)"
+    fi
+  done
 
   export BRAID_DEVICE=cuda  # never fall back to host memory silently
   perf perf-n2-bfloat16 2 -d bfloat16 -b 8 -e 256M -f 4
   perf perf-n2-float 2 -d float -b 8 -e 256M -f 4
   perf perf-n4-bfloat16 4 -d bfloat16 -b 8 -e 256M -f 4
   perf perf-n2-bfloat16-256M 2 -d bfloat16 -b 256M -e 256M -n 40 -w 10
+  perf windows-n2-bfloat16 2 -d bfloat16 -b 8 -e 128M -f 4 -R 2
+  perf windows-n4-bfloat16 4 -d bfloat16 -b 8 -e 128M -f 4 -R 2
+  perf windows-n2-bfloat16-256M 2 -d bfloat16 -b 256M -e 256M -n 40 -w 10 -R 2
+  for ranks in 2 4; do  # one-shot against the slot FIFOs at 256 KiB
+    perf "fifo-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20
+    perf "windows-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20 -R 2
+  done
 
   step kernels 240 "$bin/braid-bench-device-kernels" --min_bytes=1G --max_bytes=1G \
     --benchmark_min_time=0.5 --benchmark_out="$logs/kernels.csv" --benchmark_out_format=csv
@@ -132,15 +152,24 @@ main() {
   time8=$(perfValue perf-n2-bfloat16 8 6)
   busbw=$(perfValue perf-n2-bfloat16-256M 268435456 8)
   busbwInPlace=$(perfValue perf-n2-bfloat16-256M 268435456 12)
+  wtime8=$(perfValue windows-n2-bfloat16 8 6)
+  wbusbw=$(perfValue windows-n2-bfloat16-256M 268435456 8)
+  fifo256k2=$(perfValue fifo-n2-256K 262144 6)
+  oneshot256k2=$(perfValue windows-n2-256K 262144 6)
+  fifo256k4=$(perfValue fifo-n4-256K 262144 6)
+  oneshot256k4=$(perfValue windows-n4-256K 262144 6)
   copy=$(kernel copy/1GiB)
   fp32=$(kernel reduce2/float32/sum/1GiB)
   bf16=$(kernel reduce2/bfloat16/sum/1GiB)
   fp16=$(kernel reduce2/float16/sum/1GiB)
-  for value in time8 busbw busbwInPlace copy fp32 bf16 fp16; do
+  for value in time8 busbw busbwInPlace wtime8 wbusbw fifo256k2 oneshot256k2 fifo256k4 \
+    oneshot256k4 copy fp32 bf16 fp16; do
     [ -n "${!value}" ] || fail "the summary could not find '$value' in the logs"
   done
 
   awk -v time8="$time8" -v busbw="$busbw" -v busbwInPlace="$busbwInPlace" -v copy="$copy" \
+    -v wtime8="$wtime8" -v wbusbw="$wbusbw" -v fifo256k2="$fifo256k2" \
+    -v oneshot256k2="$oneshot256k2" -v fifo256k4="$fifo256k4" -v oneshot256k4="$oneshot256k4" \
     -v fp32="$fp32" -v bf16="$bf16" -v fp16="$fp16" -v missedFile="$logs/missed" '
     function row(what, value, target, met) {
       printf "%-52s %12s  %-28s %s\n", what, value, target, met == "" ? "" : (met ? "met" : "MISSED")
@@ -156,6 +185,13 @@ main() {
       row("256 MiB bfloat16 all-reduce busbw, 2 ranks (GB/s)", busbw,
           sprintf(">= 0.6*copy*(n-1)/n^2 = %.1f", bound), busbw >= bound)
       row("  the same, in place (GB/s)", busbwInPlace, "", "")
+      row("8 B bfloat16 all-reduce in windows, 2 ranks (us)", wtime8, "<= 10", wtime8 <= 10)
+      row("256 MiB bfloat16 two-shot busbw, 2 ranks (GB/s)", wbusbw,
+          sprintf(">= %.1f", bound), wbusbw >= bound)
+      row("256 KiB one-shot / slot-FIFO time, 2 ranks", sprintf("%.3f", oneshot256k2 / fifo256k2),
+          "< 1", oneshot256k2 < fifo256k2)
+      row("256 KiB one-shot / slot-FIFO time, 4 ranks", sprintf("%.3f", oneshot256k4 / fifo256k4),
+          "< 1", oneshot256k4 < fifo256k4)
       row("copy kernel, 1 GiB, read + written (GB/s)", copy, "", "")
       row("float32 sum reduce / copy bandwidth, 1 GiB", sprintf("%.3f", fp32 / copy), ">= 0.9",
           fp32 / copy >= 0.9)
