@@ -255,6 +255,64 @@ TEST_P(Windows, RegistrationAndDeregistrationWhileOtherOpsRun) {
       options());
 }
 
+// A group of direct collectives, a slot-FIFO one and sends and receives:
+// lowered in turns, the direct plans' Signals one step at a time.
+TEST_P(Windows, DirectCollectivesInAGroupWithOtherOps) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        TestStream stream(comm.device());
+        TestWindow window(comm, kWindowBytes);
+        const int n = comm.size(), r = comm.rank();
+        const size_t count = 20011;
+        const size_t size = sizeof(float);
+        std::byte* reduceIn = window.base();
+        std::byte* reduceOut = reduceIn + (size_t{1} << 20);
+        std::byte* gathered = reduceOut + (size_t{1} << 20);
+        DeviceBuffer plain(comm.device(), count * size), sent(comm.device(), count * size),
+            received(comm.device(), count * size);
+        std::vector<float> mine(count), ones(count, 1.0f + r), tagged(count);
+        for (size_t i = 0; i < count; ++i) {
+          mine[i] = static_cast<float>((r + 1) * (i % 61));
+          tagged[i] = static_cast<float>(r * 100000 + i % 1000);
+        }
+        device::Device& dev = *device::current();
+        dev.copyNow(reduceIn, mine.data(), count * size);
+        dev.copyNow(gathered + r * count * size, mine.data(), count * size);
+        plain.upload(ones.data());
+        sent.upload(tagged.data());
+        const Stream on = stream.stream();
+        comm.groupStart();
+        comm.send(sent.data(), count, DataType::Float32, (r + 1) % n, on);
+        comm.allReduce(reduceIn, reduceOut, count, DataType::Float32, ReduceOp::Sum, on);
+        comm.recv(received.data(), count, DataType::Float32, (r + n - 1) % n, on);
+        comm.allReduce(plain.data(), plain.data(), count, DataType::Float32, ReduceOp::Max, on);
+        comm.allGather(gathered + r * count * size, gathered, count, DataType::Float32, on);
+        comm.groupEnd();
+        stream.synchronize();
+        std::vector<float> out(count), all(count * n);
+        dev.copyNow(out.data(), reduceOut, count * size);
+        for (size_t i = 0; i < count; ++i)
+          require(out[i] == static_cast<float>(6 * (i % 61)),
+                  format("the grouped window all-reduce's element %zu is %g", i, out[i]));
+        dev.copyNow(all.data(), gathered, all.size() * size);
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; i += 97)
+            require(all[q * count + i] == static_cast<float>((q + 1) * (i % 61)),
+                    format("the grouped all-gather's element %zu of rank %d is %g", i, q,
+                           all[q * count + i]));
+        dev.copyNow(out.data(), plain.data(), count * size);
+        require(out[0] == static_cast<float>(n) && out[count - 1] == static_cast<float>(n),
+                format("the grouped slot-FIFO all-reduce gave %g", out[0]));
+        dev.copyNow(out.data(), received.data(), count * size);
+        const int from = (r + n - 1) % n;
+        for (size_t i = 0; i < count; ++i)
+          require(out[i] == static_cast<float>(from * 100000 + i % 1000),
+                  format("element %zu received from rank %d is %g", i, from, out[i]));
+      },
+      options());
+}
+
 TEST_P(Windows, BadWindowsAreRefusedNamingTheArgumentAndTheCommunicatorGoesOn) {
   runRanks(
       2,

@@ -19,6 +19,7 @@ namespace {
 
 void signalAll(Plan& plan, const Shape& shape) {
   const int n = shape.nranks, r = shape.rank;
+  plan.mapped = true;
   for (int k = 1; k < n; ++k) {
     Step signal;
     signal.kind = StepKind::Signal;

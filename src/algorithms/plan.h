@@ -77,6 +77,8 @@ struct Plan {
   std::vector<Step> steps;
   // Bytes of scratch the steps use, when more than kScratchBytes.
   size_t scratchBytes = 0;
+  // It has direct steps (for mapped buffers), ordered by Signals.
+  bool mapped = false;
 };
 
 // Everything a planner may depend on. Plans are cached by this shape.

@@ -236,7 +236,18 @@ void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle
   const size_t collectives = static_cast<size_t>(
       std::find_if(lanes, lanes + count, [](const DeviceLane& l) { return l.pointToPoint; }) -
       lanes);
-  lowerInTurns(lanes, collectives, stream, nullptr);
+  // A direct plan (rounds of Signals to and from every peer) goes alone,
+  // between the collectives before it and those after, lowered in turns.
+  auto isDirect = [](const DeviceLane& lane) { return lane.plan->mapped; };
+  for (size_t first = 0; first < collectives;) {
+    size_t end = first;
+    if (isDirect(lanes[first]))
+      ++end;
+    else
+      while (end < collectives && !isDirect(lanes[end])) ++end;
+    lowerInTurns(lanes + first, end - first, stream, nullptr);
+    first = end;
+  }
   const bool sendsApart =
       count - collectives > 1 && std::any_of(lanes + collectives, lanes + count, [](auto& l) {
         return !l.plan->steps.empty() && l.plan->steps[0].kind == StepKind::Send;

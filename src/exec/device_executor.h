@@ -22,9 +22,10 @@
 //
 // A mapped plan's direct steps (algorithms/plan.h) are kernels too: an
 // n-input reduction over every rank's buffer, or a copy into or out of a
-// peer's; its Signals are empty messages through the FIFOs, a lone lane's
-// round of them lowered as all its messages posted, then all its waits.
-// So a direct op waits, fails and is released like any other.
+// peer's; its Signals are empty messages through the FIFOs, a round of
+// them lowered as all its messages posted, then all its waits. In a group
+// such a plan is lowered alone, between the collectives before and after
+// it. So a direct op waits, fails and is released like any other.
 //
 // A watchdog thread completes each op's Work once the stream has passed it,
 // and fails ops: when a peer dies, aborts or says it gave up, when the
