@@ -14,7 +14,13 @@
 // every call is enqueued on one device stream (Stream::cuda): the time is
 // the wall clock around `-n` enqueued calls and the stream synchronize after
 // them, and the check data is written into host mirrors of the buffers,
-// copied to the device, and copied back to be checked.
+// copied to the device, and copied back to be checked. With -R 2 those
+// device buffers are registered windows (the direct algorithms).
+//
+// With -g N braid-perf runs alone and makes N ranks in its own process
+// (Communicator::initAll, rank i on device i mod the device count), each
+// driven by a thread of its own: the single-process, several-GPU model of
+// nccl-tests' -g.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -26,6 +32,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -562,6 +569,42 @@ int runAll(Communicator& comm, const Options& options) {
   return wrong ? 1 : 0;
 }
 
+// -g N: N ranks in this process (Communicator::initAll), one thread each,
+// rank i on device i mod the devices there are. Returns the worst exit code.
+int runOneProcess(const Options& options) {
+  if (const char* size = std::getenv("BRAID_WORLD_SIZE"); size && std::atoi(size) > 1) {
+    std::fprintf(stderr,
+                 "braid-perf: -g %d makes its ranks in this one process: run it alone, not under "
+                 "a launcher of %s ranks\n",
+                 options.gpus, size);
+    return 2;
+  }
+  device::Device* device = device::current();
+  std::vector<int> devices;
+  for (int i = 0; i < options.gpus; ++i) devices.push_back(device ? i % device->count() : 0);
+  std::vector<Communicator> comms = Communicator::initAll(devices);
+  if (std::any_of(options.collectives.begin(), options.collectives.end(), hasRoot) &&
+      options.root >= options.gpus) {
+    std::fprintf(stderr, "braid-perf: -r: root %d is not a rank of %d\n", options.root,
+                 options.gpus);
+    return 2;
+  }
+  std::vector<int> codes(comms.size(), 0);
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < comms.size(); ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        if (device) device->setCurrent(devices[r]);
+        codes[r] = runAll(comms[r], options);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "braid-perf: rank %zu: %s\n", r, e.what());
+        codes[r] = 1;
+      }
+    });
+  for (std::thread& rank : ranks) rank.join();
+  return *std::max_element(codes.begin(), codes.end());
+}
+
 }  // namespace
 
 }  // namespace braid::perf
@@ -578,6 +621,7 @@ int main(int argc, char** argv) {
 
   int rank = -1;
   try {
+    if (options.gpus > 1) return braid::perf::runOneProcess(options);
     braid::Communicator comm = braid::Communicator::fromEnvironment();
     rank = comm.rank();
     bool rooted =

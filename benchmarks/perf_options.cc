@@ -37,6 +37,10 @@ constexpr const char* kUsage =
     "                           (BRAID_DEVICE picks it), every call enqueued on one device\n"
     "                           stream; the time covers the calls and a stream synchronize\n"
     "                           (default 0: host memory, host-synchronous calls)\n"
+    "  -g, --ngpus N            N ranks in this one process, one per device (device\n"
+    "                           i mod the devices there are; BRAID_DEVICE picks them),\n"
+    "                           a thread each (default 1: one rank per process, from\n"
+    "                           the launcher); run braid-perf alone, not under braid-run\n"
     "  -J, --output_file FILE   also write the results as JSON\n"
     "  -h, --help               print this help\n"
     "Sizes take K, M and G suffixes (powers of 1024). For allgather and reducescatter\n"
@@ -54,7 +58,7 @@ constexpr Flag kFlags[] = {
     {'c', "check", true},          {'d', "datatype", true}, {'o', "op", true},
     {'r', "root", true},           {'A', "average", true},  {'J', "output_file", true},
     {'R', "local_register", true}, {'G', "device", true},   {'a', "all", false},
-    {'z', "blocking", false},      {'h', "help", false},
+    {'z', "blocking", false},      {'h', "help", false},    {'g', "ngpus", true},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -269,6 +273,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
         break;
       case 'G':
         options->onDevice = intValue(option, value, 0, 1) == 1;
+        break;
+      case 'g':
+        options->gpus = static_cast<int>(intValue(option, value, 1, 64));
         break;
       case 'J':
         if (value.empty()) throw UsageError(option + " needs a file name");

@@ -49,6 +49,9 @@ struct Options {
   // registered as windows (Communicator::registerWindow), NCCL's symmetric
   // registration.
   int registration = 0;
+  // -g: ranks (devices) driven by this one process, one thread each, made
+  // with Communicator::initAll; 1: one rank per process, from the launcher.
+  int gpus = 1;
   bool onDevice = false;  // -G: device buffers, device stream
   std::string jsonPath;   // -J: also write the results here
 };

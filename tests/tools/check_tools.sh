@@ -44,6 +44,18 @@ check "braid-perf -G 1 on the emulated device at 2 ranks: 6 rows, 0 wrong" 0 bas
    END { exit !(rows == 6 && bad == 0) }'"
 check "braid-perf -G 1 with no device exits 2" 2 \
   env BRAID_DEVICE=none "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -G 1 -b 8 -e 8
+# -R 2: the same in registered windows (one-shot, then two-shot past 256 KiB);
+# -g 3: three ranks in one process on three emulated devices.
+check "braid-perf -G 1 -R 2 (windows) at 3 ranks: 6 rows, 0 wrong" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-run' -n 3 '$bin/braid-perf' allreduce -G 1 \
+   -R 2 -b 8 -e 1M -f 8 -n 5 -w 2 | awk '!/^#/ { rows++; if (\$9 != 0 || \$13 != 0) bad++ }
+   END { exit !(rows == 6 && bad == 0) }'"
+check "braid-perf -g 3 -G 1 (one process, three devices) -a: 0 wrong" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-perf' -a -g 3 -G 1 -b 8 -e 64K -f 64 \
+   -n 3 -w 1 | grep -q 'Out of bounds values : 0 OK'"
+check "braid-perf -R 2 without -G 1 exits 2" 2 "$bin/braid-perf" allreduce -R 2
+check "braid-perf -g 2 under braid-run exits 2" 2 \
+  "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -g 2 -b 8 -e 8
 for c in allreduce broadcast reduce allgather reducescatter; do
   check "braid-sim $c at 100 ranks, every algorithm, checked" 0 \
     "$bin/braid-sim" "$c" --ranks 100 -b 8 -e 1M -f 64 --check

@@ -402,9 +402,8 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Devic
   struct Offer {
     char listener[64];
     uint64_t process;
-    uint64_t base;
+    uint64_t base;  // (meaningful to ranks of this process)
     uint64_t bytes;
-    int32_t device;
   };
   constexpr const char* kMapping = "map a window";
   std::optional<UnixListener> listening;
@@ -416,7 +415,6 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Devic
   mine.process = nvlink_p2p::processToken();
   mine.base = reinterpret_cast<uintptr_t>(base);
   mine.bytes = bytes;
-  mine.device = deviceIndex;
   bootstrap.allGather(offers.data(), sizeof(Offer), deadline);
   // Ranks of another process on this host: they need a descriptor.
   auto viaIpc = [&](int r) {
