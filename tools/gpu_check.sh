@@ -16,7 +16,8 @@
 #      ranks and float at 2, 8 B to 256 MiB (every #wrong must be 0), and
 #      bfloat16 at 256 MiB alone (-f 4 from 8 B stops at 128 MiB); then the
 #      same bfloat16 runs on buffers in registered windows (-R 2: one-shot
-#      up to 256 KiB, two-shot above);
+#      up to 256 KiB, two-shot above); and 256 MiB bfloat16 with one process
+#      driving two ranks on the GPU (-g 2), on FIFOs and in windows;
 #   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
 #      2-input Sum reduce for float32, bfloat16 and float16;
 #   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
@@ -137,6 +138,11 @@ main() {
   perf windows-n2-bfloat16 2 -d bfloat16 -b 8 -e 128M -f 4 -R 2
   perf windows-n4-bfloat16 4 -d bfloat16 -b 8 -e 128M -f 4 -R 2
   perf windows-n2-bfloat16-256M 2 -d bfloat16 -b 256M -e 256M -n 40 -w 10 -R 2
+  # One process, two "GPUs" that are the same one (braid-perf -g 2, no braid-run).
+  step one-process-fifo 240 "$bin/braid-perf" allreduce -g 2 -G 1 -d bfloat16 -b 256M -e 256M \
+    -n 40 -w 10 -J "$logs/one-process-fifo.json"
+  step one-process-windows 240 "$bin/braid-perf" allreduce -g 2 -G 1 -R 2 -d bfloat16 -b 256M \
+    -e 256M -n 40 -w 10 -J "$logs/one-process-windows.json"
   for ranks in 2 4; do  # one-shot against the slot FIFOs at 256 KiB
     perf "fifo-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20
     perf "windows-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20 -R 2
@@ -154,6 +160,8 @@ main() {
   busbwInPlace=$(perfValue perf-n2-bfloat16-256M 268435456 12)
   wtime8=$(perfValue windows-n2-bfloat16 8 6)
   wbusbw=$(perfValue windows-n2-bfloat16-256M 268435456 8)
+  pbusbw=$(perfValue one-process-fifo 268435456 8)
+  pwbusbw=$(perfValue one-process-windows 268435456 8)
   fifo256k2=$(perfValue fifo-n2-256K 262144 6)
   oneshot256k2=$(perfValue windows-n2-256K 262144 6)
   fifo256k4=$(perfValue fifo-n4-256K 262144 6)
@@ -162,13 +170,14 @@ main() {
   fp32=$(kernel reduce2/float32/sum/1GiB)
   bf16=$(kernel reduce2/bfloat16/sum/1GiB)
   fp16=$(kernel reduce2/float16/sum/1GiB)
-  for value in time8 busbw busbwInPlace wtime8 wbusbw fifo256k2 oneshot256k2 fifo256k4 \
+  for value in time8 busbw busbwInPlace wtime8 wbusbw pbusbw pwbusbw fifo256k2 oneshot256k2 fifo256k4 \
     oneshot256k4 copy fp32 bf16 fp16; do
     [ -n "${!value}" ] || fail "the summary could not find '$value' in the logs"
   done
 
   awk -v time8="$time8" -v busbw="$busbw" -v busbwInPlace="$busbwInPlace" -v copy="$copy" \
-    -v wtime8="$wtime8" -v wbusbw="$wbusbw" -v fifo256k2="$fifo256k2" \
+    -v wtime8="$wtime8" -v wbusbw="$wbusbw" -v pbusbw="$pbusbw" -v pwbusbw="$pwbusbw" \
+    -v fifo256k2="$fifo256k2" \
     -v oneshot256k2="$oneshot256k2" -v fifo256k4="$fifo256k4" -v oneshot256k4="$oneshot256k4" \
     -v fp32="$fp32" -v bf16="$bf16" -v fp16="$fp16" -v missedFile="$logs/missed" '
     function row(what, value, target, met) {
@@ -188,6 +197,10 @@ main() {
       row("8 B bfloat16 all-reduce in windows, 2 ranks (us)", wtime8, "<= 10", wtime8 <= 10)
       row("256 MiB bfloat16 two-shot busbw, 2 ranks (GB/s)", wbusbw,
           sprintf(">= %.1f", bound), wbusbw >= bound)
+      row("256 MiB bfloat16, one process -g 2, FIFOs (GB/s)", pbusbw, sprintf(">= %.1f", bound),
+          pbusbw >= bound)
+      row("256 MiB bfloat16, one process -g 2, two-shot (GB/s)", pwbusbw,
+          sprintf(">= %.1f", bound), pwbusbw >= bound)
       row("256 KiB one-shot / slot-FIFO time, 2 ranks", sprintf("%.3f", oneshot256k2 / fifo256k2),
           "< 1", oneshot256k2 < fifo256k2)
       row("256 KiB one-shot / slot-FIFO time, 4 ranks", sprintf("%.3f", oneshot256k4 / fifo256k4),
