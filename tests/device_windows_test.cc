@@ -337,6 +337,15 @@ TEST_P(Windows, BadWindowsAreRefusedNamingTheArgumentAndTheCommunicatorGoesOn) {
         refused([&] { comm.registerWindow(memory.data(), comm.rank() == 0 ? 4096 : 8192); },
                 "every rank registers the same size");
         refused([&] { comm.deregisterWindow(Window{12345}); }, "window 12345");
+        // One rank's bad argument: every rank refuses at once, naming it.
+        refused([&] { comm.registerWindow(comm.rank() == 0 ? host.data() : memory.data(), 4096); },
+                comm.rank() == 0 ? "argument 'buffer' is host memory"
+                                 : "rank 0's call is wrong: argument 'buffer' is host memory");
+        {
+          TestWindow kept(comm, 1 << 20);
+          refused([&] { comm.deregisterWindow(Window{comm.rank() == 1 ? 777u : 1u}); },
+                  "window 777 was not registered");
+        }
         // Nothing half done: a window registers, works and goes.
         TestStream stream(comm.device());
         TestWindow window(comm, kWindowBytes);

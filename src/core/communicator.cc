@@ -563,9 +563,37 @@ void Communicator::Impl::mapBuffers(PendingOp& op) const {
   }
 }
 
+namespace {
+
+// Collective (one bootstrap all-gather): each rank's verdict on its own
+// arguments of `call` ("" when fine). When any rank's are bad, every rank
+// throws Error(InvalidArgument) with the first such rank's reason, so no
+// rank waits for the others in a collective they never enter.
+void agreeOnArguments(Communicator::Impl& impl, const char* call, const std::string& problem) {
+  struct Verdict {
+    char what[240];  // "" when fine
+  };
+  std::vector<Verdict> all(static_cast<size_t>(impl.nranks));
+  std::snprintf(all[impl.rank].what, sizeof(Verdict::what), "%s", problem.c_str());
+  impl.bootstrap->allGather(all.data(), sizeof(Verdict), deadlineAfter(impl.knobs.timeout));
+  for (int r = 0; r < impl.nranks; ++r) {
+    Verdict& verdict = all[r];
+    verdict.what[sizeof(verdict.what) - 1] = '\0';
+    if (verdict.what[0] == '\0') continue;
+    if (r == impl.rank)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid rank %d: %s: %s", impl.rank, call, verdict.what));
+    throw Error(ErrorCode::InvalidArgument, format("braid rank %d: %s: rank %d's call is wrong: %s",
+                                                   impl.rank, call, r, verdict.what));
+  }
+}
+
+}  // namespace
+
 Window Communicator::registerWindow(void* buffer, size_t bytes) {
   Impl& impl = usable(impl_.get(), "registerWindow");
   const char* what = "registerWindow";
+  // (Every rank or none has a device: these fail alike everywhere.)
   if (!impl.device)
     throw Error(ErrorCode::InvalidUsage, format("braid rank %d: %s: %s", impl.rank, what,
                                                 device::unavailableReason().c_str()));
@@ -573,21 +601,18 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
     throw Error(ErrorCode::InvalidUsage,
                 format("braid rank %d: %s: device buffers cannot be used: %s", impl.rank, what,
                        impl.noDevice.c_str()));
+  std::string problem;
+  const int holder = buffer ? impl.device->deviceOf(buffer) : -1;
   if (!buffer)
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid rank %d: %s: argument 'buffer' is NULL", impl.rank, what));
-  if (bytes == 0)
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid rank %d: %s: argument 'bytes' is 0", impl.rank, what));
-  const int holder = impl.device->deviceOf(buffer);
-  if (holder != impl.deviceIndex)
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid rank %d: %s: argument 'buffer' is %s, not memory of this "
-                       "communicator's device %d",
-                       impl.rank, what,
-                       holder < 0 ? "host memory" : format("memory of device %d", holder).c_str(),
-                       impl.deviceIndex));
+    problem = "argument 'buffer' is NULL";
+  else if (bytes == 0)
+    problem = "argument 'bytes' is 0";
+  else if (holder != impl.deviceIndex)
+    problem = format("argument 'buffer' is %s, not memory of this communicator's device %d",
+                     holder < 0 ? "host memory" : format("memory of device %d", holder).c_str(),
+                     impl.deviceIndex);
   impl.waitForAsyncIdle();
+  agreeOnArguments(impl, what, problem);
   const transport::Setup setup{*impl.bootstrap, impl.knobs.deviceSlotBytes, impl.knobs.deviceSlots,
                                deadlineAfter(impl.knobs.timeout)};
   std::vector<transport::PeerWindow> ranks;
@@ -608,18 +633,16 @@ void Communicator::deregisterWindow(Window window) {
   Impl& impl = usable(impl_.get(), "deregisterWindow");
   auto found = std::find_if(impl.windows.begin(), impl.windows.end(),
                             [&](const RegisteredWindow& w) { return w.id() == window.id; });
-  if (found == impl.windows.end())
-    throw Error(ErrorCode::InvalidArgument,
-                format("braid rank %d: deregisterWindow: window %llu was not registered with "
-                       "this communicator (or was deregistered already)",
-                       impl.rank, static_cast<unsigned long long>(window.id)));
-  // Every op that may reach into a window runs before the peers unmap it.
+  // Every op that may reach into a window runs before the peers unmap it;
+  // the agreement after it is also the barrier behind every rank's ops.
   impl.waitForAsyncIdle();
-  impl.deviceExecutor->waitIdle();
-  uint8_t idle = 1;
-  std::vector<uint8_t> all(static_cast<size_t>(impl.nranks));
-  all[impl.rank] = idle;
-  impl.bootstrap->allGather(all.data(), 1, deadlineAfter(impl.knobs.timeout));
+  if (impl.deviceExecutor) impl.deviceExecutor->waitIdle();
+  agreeOnArguments(impl, "deregisterWindow",
+                   found != impl.windows.end()
+                       ? ""
+                       : format("window %llu was not registered with this communicator (or was "
+                                "deregistered already)",
+                                static_cast<unsigned long long>(window.id)));
   impl.windows.erase(found);
 }
 
