@@ -292,9 +292,7 @@ void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::Strea
   };
   if (count == 1) {
     DeviceLane& lane = lanes[0];
-    alone_ = true;
     while (lane.step < lane.plan->steps.size()) lowerPiece(lane, streamOf(lane));
-    alone_ = false;
     return;
   }
   // In turns: one piece of every lane that may run, until all are done.
@@ -331,7 +329,7 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
     pendingStream_ = stream;
   }
   const algo::Step& step = lane.plan->steps[lane.step];
-  if (step.kind == StepKind::Signal) return lowerSignals(lane, alone_);
+  if (step.kind == StepKind::Signal) return lowerSignals(lane);
   if (algo::direct(step.kind)) return lowerDirect(lane, stream);
   const size_t elemSize = dataTypeSize(lane.type);
   const size_t total = step.count * elemSize;
@@ -437,11 +435,10 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
 }
 
-void DeviceExecutor::lowerSignals(DeviceLane& lane, bool round) {
+void DeviceExecutor::lowerSignals(DeviceLane& lane) {
   const auto& steps = lane.plan->steps;
   size_t end = lane.step + 1;
-  if (round)
-    while (end < steps.size() && steps[end].kind == StepKind::Signal) ++end;
+  while (end < steps.size() && steps[end].kind == StepKind::Signal) ++end;
   // Every message first (a slot of its own, empty, tagged), then every
   // wait for the peers' and the credit back; merged with what is pending.
   for (size_t s = lane.step; s < end; ++s) {

@@ -141,9 +141,9 @@ class DeviceExecutor {
   void lowerInTurns(DeviceLane* lanes, size_t count, device::StreamHandle stream,
                     device::StreamHandle sends);
   void lowerPiece(DeviceLane& lane, device::StreamHandle stream);
-  // A mapped plan's steps: a round of Signals (all of it when `round`,
-  // else one), and the direct kernels.
-  void lowerSignals(DeviceLane& lane, bool round);
+  // A mapped plan's steps (lowered alone): a run of Signals, and the
+  // direct kernels.
+  void lowerSignals(DeviceLane& lane);
   void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
   // gathered for).
@@ -191,7 +191,6 @@ class DeviceExecutor {
   device::StreamHandle pendingStream_ = nullptr;  // ...for this stream
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   Op* lowering_ = nullptr;                        // the op lowerPiece() adds to
-  bool alone_ = false;                            // lowering a single lane
   size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
