@@ -9,7 +9,8 @@
 #      device_one_process_test (initAll, nvlink_p2p), device_windows_test
 #      (registered windows, one-shot and two-shot) and device_nccl_test,
 #      which must all run and pass: an instance that skips (no GPU or
-#      driver) fails the script. Those tests already put several ranks on
+#      driver) fails the script; and nccl_device_program (built against
+#      NCCL's own nccl.h) at 4 ranks on the GPU. Those tests already put several ranks on
 #      the one GPU (1 to 5 ranks, several per process too, plus the fault
 #      tests), so nothing here repeats that;
 #   3. braid-perf all-reduce on device buffers (-G 1), bfloat16 at 2 and 4
@@ -109,8 +110,10 @@ main() {
     fail "Google Benchmark is not installed (libbenchmark-dev): braid-bench-device-kernels cannot be built"
   fi
   suites=(device_test device_one_process_test device_windows_test device_nccl_test)
+  programs=()  # built against NCCL's own nccl.h, where the toolkit has one
+  if grep -q "NCCL ABI checked against" "$logs/configure.log"; then programs=(nccl_device_program); fi
   step build 300 cmake --build "$build" -j "$(nproc)" \
-    --target "${suites[@]}" braid-run braid-perf braid-bench-device-kernels
+    --target "${suites[@]}" "${programs[@]}" braid-run braid-perf braid-bench-device-kernels
 
   # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
   # with status 0, so the output decides.
@@ -131,6 +134,12 @@ main() {
   done
 
   export BRAID_DEVICE=cuda  # never fall back to host memory silently
+  # A program built against NCCL's own nccl.h, single-process model, 4 ranks on the GPU.
+  if [ ${#programs[@]} -gt 0 ]; then
+    step nccl-device-program 120 "$bin/nccl_device_program" 4 1
+  else
+    echo "gpu_check: the toolkit has no nccl.h: nccl_device_program not built"
+  fi
   perf perf-n2-bfloat16 2 -d bfloat16 -b 8 -e 256M -f 4
   perf perf-n2-float 2 -d float -b 8 -e 256M -f 4
   perf perf-n4-bfloat16 4 -d bfloat16 -b 8 -e 256M -f 4
