@@ -536,16 +536,17 @@ bool RegisteredWindow::reachesEveryRank() const {
 }
 
 void Communicator::Impl::mapBuffers(PendingOp& op) const {
-  if (windows.empty() || nranks > algo::kMaxDirectRanks) return;
+  // Only these collectives have direct plans.
+  if (windows.empty() || nranks > algo::kMaxDirectRanks ||
+      (op.collective != Collective::AllReduce && op.collective != Collective::AllGather &&
+       op.collective != Collective::Broadcast))
+    return;
   const size_t bytes = op.shape.count * dataTypeSize(op.info.type);
   if (bytes == 0) return;
   // The buffers the direct plans reach into: every rank's input and
   // output for all-reduce, the output for all-gather and broadcast.
   const bool inputs = op.collective == Collective::AllReduce;
   const size_t outBytes = op.collective == Collective::AllGather ? bytes * nranks : bytes;
-  if (op.collective != Collective::AllReduce && op.collective != Collective::AllGather &&
-      op.collective != Collective::Broadcast)
-    return;
   auto windowOf = [&](const void* pointer, size_t length) -> const RegisteredWindow* {
     for (const RegisteredWindow& w : windows)
       if (w.reachesEveryRank() && w.at(rank, pointer, length)) return &w;

@@ -127,8 +127,8 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
     lane.pointToPoint = op.pointToPoint;
     lane.tag = op.tag;
     lane.info = op.info;
-    lane.peerInputs = op.peerInputs;
-    lane.peerOutputs = op.peerOutputs;
+    lane.peerInputs = std::move(ops[i].peerInputs);  // (read only while lowering, below)
+    lane.peerOutputs = std::move(ops[i].peerOutputs);
     if (std::find(streams.begin(), streams.end(), op.deviceStream) == streams.end())
       streams.push_back(op.deviceStream);
     works.push_back(op.work);
