@@ -1,19 +1,25 @@
 // Ranks on two "hosts": two network namespaces joined by a veth pair, with
 // loopback-range addresses (127.77.0.1 and 127.77.0.2) routed across it. The
 // test makes the namespaces itself and removes them; it skips when it cannot
-// (not root, no `ip`, no namespace support).
+// (not root, no `ip`, no namespace support). A rank that also takes a
+// hostname of its own (a UTS namespace) is on another host as braid sees
+// it: no shared memory or device memory mapping with the other host.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bootstrap/socket.h"
+#include "core/errors.h"
 #include "core/introspect.h"
+#include "device/device.h"
+#include "device_cases.h"
 #include "multirank.h"
 
 namespace braid::testing {
@@ -71,6 +77,15 @@ class TwoHosts {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     require(fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0, "cannot enter " + path);
     ::close(fd);
+  }
+
+  // Also gives the calling process host `host`'s own hostname, so that
+  // braid's host identity (hostname + boot id) tells the two apart.
+  void becomeHost(int host) const {
+    enter(host);
+    const std::string name = prefix_ + (host == 0 ? "-host-a" : "-host-b");
+    require(::unshare(CLONE_NEWUTS) == 0 && ::sethostname(name.data(), name.size()) == 0,
+            "cannot take hostname " + name);
   }
 
   // Runs `body` inside host `host`, then returns to this process's own
@@ -171,6 +186,77 @@ TEST(MultiHost, SocketIfnameSelectsTheInterface) {
         }
       },
       options);
+}
+
+// Device buffers between hosts are staged through host memory over tcp;
+// within a host they go through device memory both ranks map. Four ranks,
+// two per host (ranks 0 and 2 on one, 1 and 3 on the other), so every
+// collective mixes both paths and each ring step crosses hosts.
+TEST(MultiHost, DeviceBuffersAcrossHostsAreStagedOverTcp) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  ::setenv("BRAID_DEVICE_SLOT_BYTES", "64K", 1);  // many slots in flight per op
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "bra";
+  options.config.socketIfname = "";
+  options.config.timeout = std::chrono::seconds(30);
+  options.deadline = std::chrono::seconds(300);
+  options.enter = [&](int rank) {
+    hosts.becomeHost(rank % 2);
+    device::select("emulated");
+  };
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank();
+        const std::vector<std::string> host = detail::peerTransports(comm);
+        const std::vector<std::string> paths = detail::peerDevicePaths(comm);
+        for (int p = 0; p < n; ++p) {
+          if (p == r) continue;
+          const bool sameHost = p % 2 == r % 2;
+          require(host[p] == (sameHost ? "shm" : "tcp"),
+                  format("host buffers reach rank %d by %s", p, host[p].c_str()));
+          require(
+              paths[p] == (sameHost ? "cuda_ipc: same device" : "tcp: staged through host memory"),
+              format("device buffers reach rank %d by '%s'", p, paths[p].c_str()));
+        }
+        TestStream stream(device::current()->current());
+        uint64_t seed = 3;
+        for (Coll coll : kAllColls)
+          for (DataType type : {DataType::Int32, DataType::Float32, DataType::BFloat16})
+            for (ReduceOp op : reduces(coll) ? std::vector<ReduceOp>{ReduceOp::Sum, ReduceOp::Max}
+                                             : std::vector<ReduceOp>{ReduceOp::Sum})
+              for (size_t count : {size_t{1}, size_t{1023}, (size_t{1} << 18) + 5})
+                for (bool inPlace : {false, true}) {
+                  const Case c{coll, type, op, count, inPlace, static_cast<int>(seed % n)};
+                  const std::string problem = runCase(comm, stream, c, ++seed);
+                  require(problem.empty(), problem);
+                }
+
+        // Grouped sends around the ring, each to the other host, 1 MiB and
+        // an empty message.
+        for (size_t count : {size_t{0}, size_t{1} << 18}) {
+          std::vector<int32_t> mine(count), theirs(count, -1);
+          for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(i * 31 + r);
+          const int device = device::current()->current();
+          DeviceBuffer send(device, count * 4), recv(device, count * 4);
+          send.upload(mine.data());
+          const int to = (r + 1) % n, from = (r + n - 1) % n;
+          comm.groupStart();
+          comm.send(send.data(), count, DataType::Int32, to, Stream::cuda(stream.handle()));
+          comm.recv(recv.data(), count, DataType::Int32, from, Stream::cuda(stream.handle()));
+          comm.groupEnd();
+          stream.synchronize();
+          std::vector<std::byte> got = recv.download();
+          std::memcpy(theirs.data(), got.data(), count * 4);
+          for (size_t i = 0; i < count; ++i)
+            require(theirs[i] == static_cast<int32_t>(i * 31 + from),
+                    format("element %zu from rank %d is %d", i, from, theirs[i]));
+        }
+      },
+      options);
+  ::unsetenv("BRAID_DEVICE_SLOT_BYTES");
 }
 
 }  // namespace

@@ -18,6 +18,14 @@
 // The host keeps `next` per direction (messages enqueued so far): it is
 // what the executor lowers the next piece with, and what a failed op
 // writes into this rank's counters to release every wait it enqueued.
+//
+// Between hosts (tcp) both ends keep their own copy of a direction in
+// page-locked host memory, and a proxy thread moves it: the sender's
+// stream fills its own slot and writes its own `filled` (and the slot's
+// `lengths` word); the proxy sends the message, and the receiving proxy
+// writes it into the receiver's slot, then its tag and `filled`; credit
+// travels back the same way. Every counter a stream waits on or writes is
+// then in its own process, and the executor sees the same FIFO.
 #pragma once
 
 #include <chrono>
@@ -33,7 +41,10 @@ struct DeviceFifo {
   uint32_t* tags = nullptr;    // per slot, the tag of the op whose message it holds (receiver's)
   uint32_t* filled = nullptr;  // in the receiver's memory
   uint32_t* credit = nullptr;  // in the sender's memory
-  uint64_t next = 0;           // messages enqueued on this direction so far (host side)
+  // Per slot, the bytes of the message it holds, for a sender whose
+  // messages a proxy forwards (written before the tag); null otherwise.
+  uint32_t* lengths = nullptr;
+  uint64_t next = 0;  // messages enqueued on this direction so far (host side)
 };
 
 struct DeviceConnection {
@@ -73,8 +84,12 @@ class DeviceTransport {
   virtual DeviceConnection* connection(int peer) = 0;
   // How `peer`'s memory is reached from this rank, for braid-info: "self",
   // or the transport and the way, e.g. "nvlink_p2p: peer access",
-  // "cuda_ipc: same device", "cuda_ipc: staged through host memory".
+  // "cuda_ipc: same device", "tcp: staged through host memory".
   virtual std::string path(int peer) const = 0;
+  // Called on the issuing thread once an op is lowered (every `next` is
+  // up to date): a transport whose proxy moves the messages learns how
+  // many are coming.
+  virtual void enqueued() {}
 
   // Appends every notice that arrived since the last call, without
   // waiting: peers that closed or gave up (each reported once) and what

@@ -35,17 +35,23 @@ Wiring wireUp(const Setup& setup, const std::string& preference);
 
 std::vector<std::string> builtTransports();
 
-// Collective over the communicator: device connections to every peer on
-// this host (cuda_ipc), on `deviceIndex` of `device`, with the FIFO shape
-// of BRAID_DEVICE_SLOT_BYTES and BRAID_DEVICE_SLOTS.
-std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, device::Device& device,
-                                            int deviceIndex);
+// Collective over the communicator: device connections to every peer, on
+// `deviceIndex` of `device`, with the FIFO shape of BRAID_DEVICE_SLOT_BYTES
+// and BRAID_DEVICE_SLOTS. Device buffers go the way host buffers go under
+// `preference` (wireUp()): to a peer whose host buffers take shm through
+// device memory both map (cuda_ipc, or nvlink_p2p within a process), to
+// one whose host buffers take tcp staged through host memory over tcp.
+std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::string& preference,
+                                            device::Device& device, int deviceIndex);
 
 // Collective over the communicator: every rank's window of `bytes` at
 // `base` (device memory of `deviceIndex`), as this rank reaches it (see
-// cuda_ipc::mapWindow); unmapWindow() undoes it.
-std::vector<PeerWindow> mapWindow(const Setup& setup, device::Device& device, int deviceIndex,
-                                  void* base, size_t bytes);
+// cuda_ipc::mapWindow): mapped from every peer whose device buffers go
+// through mapped memory, none from those staged over tcp. unmapWindow()
+// undoes it.
+std::vector<PeerWindow> mapWindow(const Setup& setup, const std::string& preference,
+                                  device::Device& device, int deviceIndex, void* base,
+                                  size_t bytes);
 void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes);
 
 }  // namespace braid::transport

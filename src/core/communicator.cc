@@ -280,6 +280,8 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     uint8_t used = 0;
     for (uint8_t k : kinds) used |= k;
     algo::LinkModel link = tuning::defaultLink(used & 2 ? "tcp" : "shm");
+    // Device buffers between hosts go over tcp too (staged).
+    if ((used & 2) && !knobs.deterministic) devicePlans.useModel(tuning::defaultLink("tcp_staged"));
     if (knobs.deterministic)
       link = tuning::defaultLink("shm");  // the same choice over every transport
     else if (knobs.tuning == Tuning::Measured && nranks > 1 && used != 3)
@@ -330,7 +332,7 @@ void Communicator::Impl::setUpDevice() {
                                deadlineAfter(knobs.timeout)};
   std::unique_ptr<transport::DeviceTransport> connections;
   try {
-    connections = transport::wireDevice(setup, *device, deviceIndex);
+    connections = transport::wireDevice(setup, knobs.transports, *device, deviceIndex);
   } catch (const Error& error) {
     // Every rank throws alike: the communicator goes on for host buffers.
     if (error.code() == ErrorCode::Timeout) throw;
@@ -338,19 +340,20 @@ void Communicator::Impl::setUpDevice() {
     BRAID_WARN(Init, "device buffers cannot be used: %s", error.what());
     return;
   }
-  int direct = 0, ipc = 0;
+  int direct = 0, ipc = 0, staged = 0;
   for (int peer = 0; peer < nranks; ++peer) {
     const std::string path = connections->path(peer);
     direct += path.rfind("nvlink_p2p", 0) == 0 ? 1 : 0;
     ipc += path.rfind("cuda_ipc", 0) == 0 ? 1 : 0;
+    staged += path.rfind("tcp", 0) == 0 ? 1 : 0;
   }
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
       [this](const Error& error) { recordFailure(error); });
   BRAID_INFO(Init,
-             "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p) "
-             "and %d of other processes (cuda_ipc)",
-             deviceIndex, device->name(), direct, ipc);
+             "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p), "
+             "%d of other processes (cuda_ipc) and %d staged over tcp",
+             deviceIndex, device->name(), direct, ipc, staged);
 }
 
 void Communicator::Impl::throwIfFailed() const {
@@ -618,7 +621,8 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
                                deadlineAfter(impl.knobs.timeout)};
   std::vector<transport::PeerWindow> ranks;
   try {
-    ranks = transport::mapWindow(setup, *impl.device, impl.deviceIndex, buffer, bytes);
+    ranks = transport::mapWindow(setup, impl.knobs.transports, *impl.device, impl.deviceIndex,
+                                 buffer, bytes);
   } catch (const Error& error) {
     // Every rank throws alike; an argument error leaves the communicator as it was.
     if (error.code() == ErrorCode::Timeout) impl.recordFailure(error);

@@ -77,7 +77,8 @@ class RegisteredWindow {
 
   uint64_t id() const { return id_; }
   // Where rank `r` has [pointer, pointer + bytes) of this rank's window,
-  // or null when the range is not in the window or `r` is on another host.
+  // or null when the range is not in the window or `r` does not map it
+  // (another host, or a peer staged over tcp).
   std::byte* at(int r, const void* pointer, size_t bytes) const;
   bool reachesEveryRank() const;
 

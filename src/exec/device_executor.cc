@@ -167,8 +167,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
            {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1})
         if (peer >= 0 && !reaches(peer))
           fail(ErrorCode::InvalidUsage, rank_,
-               format("%s: device buffers reach only peers on this host (cuda_ipc), and rank %d "
-                      "is on another host",
+               format("%s: device buffers cannot reach rank %d (no device transport serves it)",
                       lanes[i].info.describe().c_str(), peer));
   // Collectives first, in issue order (the same on every rank), then the
   // point-to-point ops, whose order only matters per peer and direction.
@@ -197,6 +196,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
     device_.record(op.begin, stream);
     lower(lanes, count, stream, &op);
     device_.record(op.end, stream);
+    transport_->enqueued();
   } catch (const std::exception& error) {
     // Part of the op may be on the stream, and the counters moved on: the
     // communicator fails, and the watchdog releases what was enqueued.
@@ -423,16 +423,21 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
   // Tell the peer its slot is filled, and the sender its slot is free;
   // flushed together with the next piece's waits.
-  if (out) {
-    pendingFlags_.push_back(FlagOp::write(out->tags + out->next % slots_, lane.tag));
-    pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
-  }
+  if (out) postMessage(*out, lane.tag, piece);
   if (in) pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
   lane.done += piece;
   if (lane.done == total) {
     lane.done = 0;
     ++lane.step;
   }
+}
+
+void DeviceExecutor::postMessage(transport::DeviceFifo& out, uint32_t tag, size_t bytes) {
+  const uint64_t slot = out.next % slots_;
+  if (out.lengths)
+    pendingFlags_.push_back(FlagOp::write(out.lengths + slot, static_cast<uint32_t>(bytes)));
+  pendingFlags_.push_back(FlagOp::write(out.tags + slot, tag));
+  pendingFlags_.push_back(FlagOp::write(out.filled, low(++out.next)));
 }
 
 void DeviceExecutor::lowerSignals(DeviceLane& lane) {
@@ -444,8 +449,7 @@ void DeviceExecutor::lowerSignals(DeviceLane& lane) {
   for (size_t s = lane.step; s < end; ++s) {
     transport::DeviceFifo* out = &transport_->connection(steps[s].sendPeer)->send;
     pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
-    pendingFlags_.push_back(FlagOp::write(out->tags + out->next % slots_, lane.tag));
-    pendingFlags_.push_back(FlagOp::write(out->filled, low(++out->next)));
+    postMessage(*out, lane.tag, 0);
   }
   for (size_t s = lane.step; s < end; ++s) {
     const int peer = steps[s].recvPeer;

@@ -96,14 +96,14 @@ class DeviceExecutor {
   const transport::DeviceTransport& transport() const { return *transport_; }
   // Blocks until every op enqueued so far completed or failed.
   void waitIdle();
-  // Whether device ops can reach `peer` (a same-host rank).
+  // Whether device ops can reach `peer`.
   bool reaches(int peer) const;
 
   // Lowers the lanes onto streams[0] (the other streams of a group join it
   // before and wait for it after) and returns; `done` runs once the device
   // passed them. Throws the sticky error when the executor failed earlier
   // (nothing is enqueued then); InvalidUsage when a lane's plan names a
-  // peer on another host.
+  // peer no device transport serves.
   void enqueue(DeviceLane* lanes, size_t count, const device::StreamHandle* streams,
                size_t streamCount, Done done);
 
@@ -144,6 +144,9 @@ class DeviceExecutor {
   // A mapped plan's steps (lowered alone): a run of Signals, and the
   // direct kernels.
   void lowerSignals(DeviceLane& lane);
+  // The flag writes that hand message `out.next` (`bytes` long, of the op
+  // tagged `tag`) to the peer, once the work before them ran.
+  void postMessage(transport::DeviceFifo& out, uint32_t tag, size_t bytes);
   void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
   // gathered for).

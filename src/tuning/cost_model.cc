@@ -13,6 +13,13 @@ algo::LinkModel defaultLink(const std::string& transport) {
     link.bandwidth = 150e9;
     link.copyBandwidth = 1.5e12;
     link.reduceBandwidth = 1e12;
+  } else if (transport == "tcp_staged") {
+    // Device buffers between hosts: the stream operations of cuda_ipc
+    // around a network hop, kernels at device speed.
+    link.latency = 25e-6;
+    link.bandwidth = 3e9;
+    link.copyBandwidth = 1.5e12;
+    link.reduceBandwidth = 1e12;
   } else if (transport == "shm" || transport == "self") {
     link.latency = 0.15e-6;
     link.bandwidth = 12e9;  // the sender's copy into the shared FIFO

@@ -14,7 +14,8 @@
 namespace braid::tuning {
 
 // The link model of `transport` ("shm", "tcp", "cuda_ipc" for device
-// FIFOs, ...); unknown names get tcp's.
+// FIFOs, "tcp_staged" for device FIFOs between hosts, ...); unknown names
+// get tcp's.
 algo::LinkModel defaultLink(const std::string& transport);
 
 }  // namespace braid::tuning

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "bootstrap/agree.h"
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -50,36 +51,10 @@ uint32_t* counterAt(std::byte* block, size_t offset) {
   return reinterpret_cast<uint32_t*>(block + offset);
 }
 
-// Runs `phase`, then tells every rank whether it threw: when any rank's
-// did, every rank throws the first such rank's error (its code and what it
-// said), as "cuda_ipc: rank R could not <doing>: ...".
 template <typename Phase>
 void agree(bootstrap::Bootstrap& bootstrap, net::Deadline deadline, const char* doing,
            Phase&& phase) {
-  struct Outcome {
-    int32_t code;  // -1: fine
-    char what[244];
-  };
-  std::vector<Outcome> all(static_cast<size_t>(bootstrap.size()));
-  Outcome& mine = all[bootstrap.rank()];
-  std::memset(&mine, 0, sizeof(mine));
-  mine.code = -1;
-  try {
-    phase();
-  } catch (const Error& error) {
-    mine.code = static_cast<int32_t>(error.code());
-    std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
-  } catch (const std::exception& error) {
-    mine.code = static_cast<int32_t>(ErrorCode::SystemError);
-    std::snprintf(mine.what, sizeof(mine.what), "%s", error.what());
-  }
-  bootstrap.allGather(all.data(), sizeof(Outcome), deadline);
-  for (int r = 0; r < bootstrap.size(); ++r)
-    if (all[r].code >= 0) {
-      all[r].what[sizeof(all[r].what) - 1] = '\0';
-      throw Error(static_cast<ErrorCode>(all[r].code),
-                  format("cuda_ipc: rank %d could not %s: %s", r, doing, all[r].what));
-    }
+  bootstrap::agree(bootstrap, deadline, "cuda_ipc", doing, std::forward<Phase>(phase));
 }
 
 std::string who(int rank) { return format("rank %d", rank); }
@@ -132,7 +107,7 @@ class CudaIpcTransport final : public DeviceTransport {
 
   std::string path(int peer) const override {
     const Peer& p = peers_[static_cast<size_t>(peer)];
-    if (!p.local) return "none (another host)";
+    if (!p.local) return "none";
     if (peer == rank_) return "self";
     const char* how = p.staged || p.remoteStaged ? "staged through host memory"
                       : p.device == myDevice_    ? "same device"
@@ -143,12 +118,14 @@ class CudaIpcTransport final : public DeviceTransport {
   // Each phase ends with every rank saying whether it went well, so that
   // all ranks fail together (naming the rank and what went wrong) instead
   // of some waiting for the others until the deadline.
-  void setUp(bootstrap::Bootstrap& bootstrap, int deviceIndex, net::Deadline deadline) {
+  void setUp(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers, int deviceIndex,
+             net::Deadline deadline) {
     myDevice_ = deviceIndex;
     job_ = bootstrap.secret();
     const int nranks = bootstrap.size();
-    const std::string& host = bootstrap.table()[rank_].hostId;
-    auto local = [&](int r) { return bootstrap.table()[r].hostId == host; };
+    std::vector<bool> served(static_cast<size_t>(nranks), false);
+    for (int peer : peers) served[static_cast<size_t>(peer)] = true;
+    auto local = [&](int r) { return served[static_cast<size_t>(r)]; };
 
     std::optional<UnixListener> listening;
     agree(bootstrap, deadline, kSettingUp, [&] { listening.emplace(); });
@@ -299,7 +276,7 @@ class CudaIpcTransport final : public DeviceTransport {
     int device = -1;
     bool staged = false;        // `local` is host memory (no peer access between the devices)
     bool remoteStaged = false;  // so is `remote`
-    net::Socket channel;        // none for this rank itself and other hosts
+    net::Socket channel;        // none for this rank itself and peers not served
     DeviceConnection connection;
     bool reported = false;  // its closing was reported by poll()
     bool goodbye = false;
@@ -385,20 +362,22 @@ class CudaIpcTransport final : public DeviceTransport {
 
 }  // namespace
 
-std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
+std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap,
+                                        const std::vector<int>& peers, device::Device& device,
                                         int deviceIndex, size_t slotBytes, int slots,
                                         net::Deadline deadline) {
   auto transport = std::make_unique<CudaIpcTransport>(device, bootstrap.rank(), bootstrap.size(),
                                                       slotBytes, slots);
-  transport->setUp(bootstrap, deviceIndex, deadline);
+  transport->setUp(bootstrap, peers, deviceIndex, deadline);
   return transport;
 }
 
-std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Device& device,
-                                  int deviceIndex, void* base, size_t bytes,
+std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  device::Device& device, int deviceIndex, void* base, size_t bytes,
                                   net::Deadline deadline) {
   const int nranks = bootstrap.size(), rank = bootstrap.rank();
-  const std::string& host = bootstrap.table()[rank].hostId;
+  std::vector<bool> served(static_cast<size_t>(nranks), false);
+  for (int peer : peers) served[static_cast<size_t>(peer)] = true;
   struct Offer {
     char listener[64];
     uint64_t process;
@@ -418,7 +397,7 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Devic
   bootstrap.allGather(offers.data(), sizeof(Offer), deadline);
   // Ranks of another process on this host: they need a descriptor.
   auto viaIpc = [&](int r) {
-    return r != rank && bootstrap.table()[r].hostId == host && offers[r].process != mine.process;
+    return r != rank && served[static_cast<size_t>(r)] && offers[r].process != mine.process;
   };
   std::vector<PeerWindow> windows(static_cast<size_t>(nranks));
   std::vector<net::Socket> channels(static_cast<size_t>(nranks));
@@ -465,7 +444,7 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Devic
   try {
     agree(bootstrap, deadline, kMapping, [&] {
       for (int r = 0; r < nranks; ++r) {
-        if (r == rank || (bootstrap.table()[r].hostId == host && !viaIpc(r))) {
+        if (r == rank || (served[static_cast<size_t>(r)] && !viaIpc(r))) {
           windows[r].base = reinterpret_cast<std::byte*>(static_cast<uintptr_t>(offers[r].base));
           continue;
         }

@@ -29,12 +29,13 @@
 
 namespace braid::transport::cuda_ipc {
 
-// Collective over the communicator. Connects this rank to every peer on
-// its host (and to itself); peers on other hosts get no connection. When
-// any rank cannot (no device memory, no peer access between two devices,
-// a socket that fails), every rank throws the same Error naming that rank,
-// with the failure's own code.
-std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device::Device& device,
+// Collective over the communicator. Connects this rank to `peers` (ranks
+// on its host, itself included; every peer listed must list this rank
+// too); the others get no connection. When any rank cannot (no device
+// memory, no peer access between two devices, a socket that fails), every
+// rank throws the same Error naming that rank, with the failure's own code.
+std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap,
+                                        const std::vector<int>& peers, device::Device& device,
                                         int deviceIndex, size_t slotBytes, int slots,
                                         net::Deadline deadline);
 
@@ -43,11 +44,12 @@ std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap, device:
 // own and those of ranks in this process as they are (one address space:
 // nvlink_p2p), those of other processes on this host imported from the
 // allocation's file descriptor (cuda_ipc: the window must then be an
-// allocation of `device` from its start), none on other hosts. When any
+// allocation of `device` from its start), none of ranks not in `peers`
+// (other hosts, or peers this transport does not serve). When any
 // rank cannot (the sizes differ, memory that cannot be exported, a socket
 // that fails), every rank throws the same Error naming that rank.
-std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, device::Device& device,
-                                  int deviceIndex, void* base, size_t bytes,
+std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  device::Device& device, int deviceIndex, void* base, size_t bytes,
                                   net::Deadline deadline);
 // Unmaps what mapWindow() imported.
 void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes);
