@@ -42,6 +42,12 @@ check "braid-perf -G 1 on the emulated device at 2 ranks: 6 rows, 0 wrong" 0 bas
   "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-run' -n 2 '$bin/braid-perf' allreduce -G 1 \
    -b 8 -e 1M -f 8 -n 5 -w 2 | awk '!/^#/ { rows++; if (\$9 != 0 || \$13 != 0) bad++ }
    END { exit !(rows == 6 && bad == 0) }'"
+check "braid-perf -G 1 -a over tcp (device buffers staged through host memory) at 3 ranks: 0 wrong" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated BRAID_TRANSPORT=tcp '$bin/braid-run' -n 3 '$bin/braid-perf' -a \
+   -G 1 -b 8 -e 4M -f 64 -n 3 -w 1 | grep -q 'Out of bounds values : 0 OK'"
+check "braid-info --peers names the staged path over tcp" 0 sh -c \
+  "BRAID_DEVICE=emulated BRAID_TRANSPORT=tcp '$bin/braid-run' -n 2 '$bin/braid-info' --peers |
+   grep -q '0 -> 1  tcp: staged through host memory'"
 check "braid-perf -G 1 with no device exits 2" 2 \
   env BRAID_DEVICE=none "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -G 1 -b 8 -e 8
 # -R 2: the same in registered windows (one-shot, then two-shot past 256 KiB);
