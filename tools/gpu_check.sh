@@ -19,6 +19,13 @@
 #      same bfloat16 runs on buffers in registered windows (-R 2: one-shot
 #      up to 256 KiB, two-shot above); and 256 MiB bfloat16 with one process
 #      driving two ranks on the GPU (-g 2), on FIFOs and in windows;
+#      then device buffers staged through host memory over tcp
+#      (BRAID_TRANSPORT=tcp: stream waits on flags in page-locked host
+#      memory that tcp's proxy writes), 8 B to 64 MiB at 2 ranks; and
+#      benchmarks/gpu_compare.sh: braid and NVIDIA's NCCL (the toolkit's
+#      libnccl.so.2) running the same NCCL-API program on every collective,
+#      1 rank, a rank per GPU where there are several, and braid alone with
+#      2 ranks on one GPU (NCCL refuses them);
 #   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
 #      2-input Sum reduce for float32, bfloat16 and float16;
 #   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
@@ -111,7 +118,9 @@ main() {
   fi
   suites=(device_test device_one_process_test device_windows_test device_nccl_test)
   programs=()  # built against NCCL's own nccl.h, where the toolkit has one
-  if grep -q "NCCL ABI checked against" "$logs/configure.log"; then programs=(nccl_device_program); fi
+  if grep -q "NCCL ABI checked against" "$logs/configure.log"; then
+    programs=(nccl_device_program peer-nccl-device)
+  fi
   step build 300 cmake --build "$build" -j "$(nproc)" \
     --target "${suites[@]}" "${programs[@]}" braid-run braid-perf braid-bench-device-kernels
 
@@ -156,6 +165,14 @@ main() {
     perf "fifo-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20
     perf "windows-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20 -R 2
   done
+
+  # Device buffers staged through host memory over tcp, as between hosts.
+  step tcp-staged-n2-bfloat16 240 env BRAID_TRANSPORT=tcp "$bin/braid-run" -n 2 \
+    "$bin/braid-perf" allreduce -G 1 -d bfloat16 -b 8 -e 64M -f 8 -J "$logs/tcp-staged.json"
+  if [ ${#programs[@]} -gt 0 ]; then
+    step gpu-compare 300 env SIZES="-b 8 -e 128M -f 64" ITERS="-n 20 -w 5" TYPE=bfloat16 \
+      benchmarks/gpu_compare.sh "$build"
+  fi
 
   step kernels 240 "$bin/braid-bench-device-kernels" --min_bytes=1G --max_bytes=1G \
     --benchmark_min_time=0.5 --benchmark_out="$logs/kernels.csv" --benchmark_out_format=csv

@@ -5,21 +5,20 @@
 // communicator inside one ncclGroupStart/ncclGroupEnd, a ring of
 // ncclSend/ncclRecv,
 // symmetric windows (ncclCommWindowRegister) carrying an all-reduce, and
-// every result checked. Streams and copies go through braid's device
-// functions where libnccl.so.2 is braid's (so it also runs on a device
-// CUDA does not know, BRAID_DEVICE=emulated), else through the CUDA
-// runtime; both are looked up at run time, so the same binary runs on
-// NVIDIA's NCCL unchanged.
+// every result checked. Streams and copies go through
+// benchmarks/peers/nccl_device_calls.h: braid's device functions where
+// libnccl.so.2 is braid's, else the CUDA runtime's, so the same binary
+// runs on NVIDIA's NCCL unchanged.
 //   nccl_device_program N DEVICES   exit status 0 when every check passed
 //   (DEVICES: how many distinct devices to spread the N ranks over)
-#include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <string>
 #include <vector>
+
+#include "benchmarks/peers/nccl_device_calls.h"
 
 namespace {
 
@@ -39,56 +38,8 @@ void failed(const std::string& what) {
     }                                                                                 \
   } while (0)
 
-// The device functions: braid's where it provides them, else the CUDA
-// runtime's (loaded at run time, so the program needs no CUDA library to
-// start).
-int (*gCudaMemcpy)(void*, const void*, size_t, int) = nullptr;
-
-struct DeviceCalls {
-  int (*setCurrent)(int) = nullptr;
-  int (*streamCreate)(void**) = nullptr;
-  int (*streamSynchronize)(void*) = nullptr;
-  int (*streamDestroy)(void*) = nullptr;
-  int (*copy)(void*, const void*, size_t) = nullptr;
-
-  template <typename F>
-  static void find(void* from, const char* name, F* f) {
-    *f = reinterpret_cast<F>(dlsym(from, name));
-  }
-
-  DeviceCalls() {
-    find(RTLD_DEFAULT, "braidDeviceSetCurrent", &setCurrent);
-    find(RTLD_DEFAULT, "braidDeviceStreamCreate", &streamCreate);
-    find(RTLD_DEFAULT, "braidDeviceStreamSynchronize", &streamSynchronize);
-    find(RTLD_DEFAULT, "braidDeviceStreamDestroy", &streamDestroy);
-    find(RTLD_DEFAULT, "braidDeviceCopy", &copy);
-    if (setCurrent && streamCreate && streamSynchronize && streamDestroy && copy) return;
-    void* cudart = dlopen("libcudart.so.13", RTLD_NOW);
-    if (!cudart) cudart = dlopen("libcudart.so", RTLD_NOW);
-    if (!cudart) {
-      failed("neither braid's device functions nor the CUDA runtime can be found");
-      exit(1);
-    }
-    find(cudart, "cudaSetDevice", &setCurrent);
-    find(cudart, "cudaStreamCreate", &streamCreate);
-    find(cudart, "cudaStreamSynchronize", &streamSynchronize);
-    find(cudart, "cudaStreamDestroy", &streamDestroy);
-    find(cudart, "cudaMemcpy", &gCudaMemcpy);
-    copy = [](void* dst, const void* src, size_t bytes) {
-      return gCudaMemcpy(dst, src, bytes, static_cast<int>(cudaMemcpyDefault));
-    };
-    if (!setCurrent || !streamCreate || !streamSynchronize || !streamDestroy || !gCudaMemcpy) {
-      failed("the CUDA runtime lacks a function this program uses");
-      exit(1);
-    }
-  }
-};
-
 void deviceCall(int status, const char* what) {
-  if (status != 0) {
-    failed(std::string(what) + " failed with status " + std::to_string(status));
-    exit(1);
-  }
+  braid::peers::NcclDeviceCalls::check(status, "nccl_device_program", what);
 }
 
 struct Rank {
@@ -111,7 +62,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: nccl_device_program N DEVICES\n");
     return 2;
   }
-  DeviceCalls device;
+  braid::peers::NcclDeviceCalls device("nccl_device_program");
   const size_t count = 40009;
   std::vector<int> devices(n);
   for (int r = 0; r < n; ++r) devices[r] = r % distinct;

@@ -48,6 +48,12 @@ check "braid-perf -G 1 -a over tcp (device buffers staged through host memory) a
 check "braid-info --peers names the staged path over tcp" 0 sh -c \
   "BRAID_DEVICE=emulated BRAID_TRANSPORT=tcp '$bin/braid-run' -n 2 '$bin/braid-info' --peers |
    grep -q '0 -> 1  tcp: staged through host memory'"
+# gpu_compare.sh without a GPU: braid's columns on the emulated device, a row
+# per size and configuration, NCCL's marked as unable to run.
+check "gpu_compare.sh on the emulated device: braid's rows for every configuration" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated SIZES='-b 8 -e 64K -f 64' ITERS='-n 2 -w 1' \
+   COLLS='allreduce reducescatter' '$(dirname "$0")/../../benchmarks/gpu_compare.sh' '$bin/..' |
+   awk '!/^#/ && \$4 == \"-\" && \$6 > 0 { rows++ } END { exit !(rows == 2 * 4 * 3) }'"
 check "braid-perf -G 1 with no device exits 2" 2 \
   env BRAID_DEVICE=none "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -G 1 -b 8 -e 8
 # -R 2: the same in registered windows (one-shot, then two-shot past 256 KiB);
