@@ -11,7 +11,9 @@
 # install and command-line checks (packaging, no code path the rest lacks). Left out under ThreadSanitizer, to keep CI
 # short: the tcp.* repeats of the multi-rank suites (each communicator's
 # transports run on one thread; the threads are the same over shm) and the
-# simulator's Plans.* tests (one thread, no shared state).
+# simulator's Plans.* tests (one thread, no shared state). The staged.*
+# repeat of the device suite stays: tcp's device proxy is a thread of its
+# own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets=()
