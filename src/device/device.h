@@ -26,9 +26,11 @@
 
 namespace braid::device {
 
-// Opaque handles: a cudaStream_t / cudaEvent_t, or the emulated device's own.
+// Opaque handles: a cudaStream_t / cudaEvent_t / cudaGraphExec_t, or the
+// emulated device's own.
 using StreamHandle = void*;
 using EventHandle = void*;
+using GraphHandle = void*;
 
 // A flag wait compares 32-bit counters cyclically, as cuStreamWaitValue32
 // does: GreaterOrEqual passes once (int32_t)(*flag - value) >= 0, so
@@ -36,19 +38,34 @@ using EventHandle = void*;
 enum class Compare : uint8_t { GreaterOrEqual, Equal };
 
 // One stream memory operation of a batch (Device::flagOps).
+//
+// With a `base`, the value is relative: the operation uses *base + value,
+// read when it runs. That is how work captured into a graph counts: its
+// counters live in device memory and advance on every replay (Add), where
+// an absolute value would be baked into the graph. A batch with a relative
+// operation or an Add runs as a kernel that polls for its waits (stream
+// memory operations take constants only); one without runs as stream
+// memory operations, which never occupy the device while they wait.
 struct FlagOp {
-  enum class Kind : uint8_t { Write, Wait };
+  enum class Kind : uint8_t { Write, Wait, Add };
   Kind kind = Kind::Write;
   Compare compare = Compare::GreaterOrEqual;  // for waits
   uint32_t* flag = nullptr;                   // in device memory of this process (own or imported)
   uint32_t value = 0;
+  const uint32_t* base = nullptr;  // non-null: relative to *base (device memory of this process)
 
-  static FlagOp write(uint32_t* flag, uint32_t value) {
-    return {Kind::Write, Compare::GreaterOrEqual, flag, value};
+  static FlagOp write(uint32_t* flag, uint32_t value, const uint32_t* base = nullptr) {
+    return {Kind::Write, Compare::GreaterOrEqual, flag, value, base};
   }
-  static FlagOp wait(uint32_t* flag, uint32_t value, Compare compare = Compare::GreaterOrEqual) {
-    return {Kind::Wait, compare, flag, value};
+  static FlagOp wait(uint32_t* flag, uint32_t value, Compare compare = Compare::GreaterOrEqual,
+                     const uint32_t* base = nullptr) {
+    return {Kind::Wait, compare, flag, value, base};
   }
+  // *counter += value (wrapping); no other process writes `counter`.
+  static FlagOp add(uint32_t* counter, uint32_t value) {
+    return {Kind::Add, Compare::GreaterOrEqual, counter, value, nullptr};
+  }
+  bool polled() const { return base != nullptr || kind == Kind::Add; }
 };
 
 // dst = srcs[0] op srcs[1] op ... op srcs[n-1], elementwise over `count`
@@ -128,9 +145,21 @@ class Device {
   virtual void streamWait(StreamHandle stream, EventHandle event) = 0;
   // Whether the event completed (an event never recorded has). Never blocks.
   virtual bool query(EventHandle event) = 0;
-  // Whether `stream` is being captured into a graph (cudaStreamIsCapturing):
-  // braid's ops would bake their counters into it, so they refuse.
+  // Whether `stream` is being captured into a graph (cudaStreamIsCapturing).
   virtual bool capturing(StreamHandle stream) = 0;
+
+  // ---- Graphs (for tests and tools; a user's program captures with the
+  // CUDA runtime itself). Between beginCapture() and endCapture(), what
+  // is enqueued on `stream` is recorded instead of run; the graph, once
+  // launched, runs it on a stream as if enqueued there, any number of
+  // times. The emulated device records its own stream only (no events).
+  virtual void beginCapture(StreamHandle stream) = 0;
+  // The captured work, ready to launch. Throws Error(InvalidUsage) when the
+  // stream was not capturing, or the capture broke (an unsupported call).
+  virtual GraphHandle endCapture(StreamHandle stream) = 0;
+  virtual void launchGraph(GraphHandle graph, StreamHandle stream) = 0;
+  // Launches already enqueued still run to their end, as on a GPU.
+  virtual void destroyGraph(GraphHandle graph) = 0;
 
   // ---- Stream-ordered operations: enqueued, they return at once.
   virtual void copy(StreamHandle stream, void* dst, const void* src, size_t bytes) = 0;

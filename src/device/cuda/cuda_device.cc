@@ -507,6 +507,37 @@ class CudaDevice final : public Device {
     return status != cudaStreamCaptureStatusNone;
   }
 
+  void beginCapture(StreamHandle stream) override {
+    Scope scope(*this, deviceOfStream(stream));
+    if (const cudaError_t rc =
+            cudaStreamBeginCapture(streamOf(stream), cudaStreamCaptureModeThreadLocal);
+        rc != cudaSuccess)
+      fail(rc, format("cudaStreamBeginCapture(%p)", stream));
+  }
+  GraphHandle endCapture(StreamHandle stream) override {
+    Scope scope(*this, deviceOfStream(stream));
+    cudaGraph_t graph = nullptr;
+    if (const cudaError_t rc = cudaStreamEndCapture(streamOf(stream), &graph); rc != cudaSuccess)
+      fail(rc, format("cudaStreamEndCapture(%p)", stream));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
+    static_cast<void>(cudaGraphDestroy(graph));  // the instance keeps what it needs
+    if (rc != cudaSuccess) fail(rc, "cudaGraphInstantiate");
+    return exec;
+  }
+  void launchGraph(GraphHandle graph, StreamHandle stream) override {
+    Scope scope(*this, deviceOfStream(stream));
+    if (const cudaError_t rc =
+            cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), streamOf(stream));
+        rc != cudaSuccess)
+      fail(rc, format("cudaGraphLaunch(%p, %p)", graph, stream));
+  }
+  void destroyGraph(GraphHandle graph) override {
+    if (const cudaError_t rc = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+        rc != cudaSuccess)
+      fail(rc, format("cudaGraphExecDestroy(%p)", graph));
+  }
+
   bool query(EventHandle event) override {
     const cudaError_t rc = cudaEventQuery(eventOf(event));
     if (rc == cudaSuccess) return true;
@@ -566,6 +597,12 @@ class CudaDevice final : public Device {
     if (count == 0) return;
     const int device = deviceOfStream(stream);
     Scope scope(*this, device);
+    if (std::any_of(ops, ops + count, [](const FlagOp& op) { return op.polled(); })) {
+      if (const int rc = launchPolledFlags(stream, ops, count); rc != 0)
+        fail(static_cast<cudaError_t>(rc),
+             format("polled flag operations (%zu, stream %p of device %d)", count, stream, device));
+      return;
+    }
     CUstreamBatchMemOpParams batch[kBatchOps];
     for (size_t done = 0; done < count;) {
       const size_t n = std::min(count - done, kBatchOps);
@@ -673,6 +710,16 @@ class CudaDevice final : public Device {
     Scope& operator=(const Scope&) = delete;
 
    private:
+    // A thread of braid's (the watchdog, a proxy) may call while a user's
+    // thread captures in cudaStreamCaptureModeGlobal, which forbids other
+    // threads calls such as cudaEventQuery: braid's calls are safe during
+    // a capture, so they are made in relaxed mode (first member: restored
+    // also when the constructor throws).
+    struct RelaxedCapture {
+      RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode)); }
+      ~RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode)); }
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the caller's, while in scope
+    } relaxed_;
     const Driver& driver_;
     bool pushed_ = false;
   };

@@ -244,7 +244,70 @@ bool sameOffset(const void* a, const void* b, size_t alignment) {
   return (reinterpret_cast<uintptr_t>(a) - reinterpret_cast<uintptr_t>(b)) % alignment == 0;
 }
 
+// ---- Polled flag operations: one thread runs a batch in order.
+
+struct PolledOp {
+  uint32_t* flag;
+  const uint32_t* base;  // null: absolute
+  uint32_t value;
+  uint8_t kind;  // FlagOp::Kind
+  uint8_t equal;
+};
+struct PolledBatch {
+  PolledOp ops[kPolledOps];
+  uint32_t count;
+};
+
+__device__ __forceinline__ uint32_t loadSystem(const uint32_t* word) {
+  return *static_cast<const volatile uint32_t*>(word);
+}
+
+__global__ void polledFlags(PolledBatch batch) {
+  for (uint32_t i = 0; i < batch.count; ++i) {
+    const PolledOp& op = batch.ops[i];
+    const uint32_t value = op.base ? loadSystem(op.base) + op.value : op.value;
+    switch (static_cast<FlagOp::Kind>(op.kind)) {
+      case FlagOp::Kind::Write:
+        // What the stream wrote before (the kernels before this one ended
+        // before it began) lands for every process before the flag.
+        __threadfence_system();
+        *static_cast<volatile uint32_t*>(op.flag) = value;
+        __threadfence_system();
+        break;
+      case FlagOp::Kind::Add:
+        *static_cast<volatile uint32_t*>(op.flag) = loadSystem(op.flag) + op.value;
+        __threadfence_system();
+        break;
+      case FlagOp::Kind::Wait:
+        for (;;) {
+          const uint32_t seen = loadSystem(op.flag);
+          if (op.equal ? seen == value : static_cast<int32_t>(seen - value) >= 0) break;
+          __nanosleep(200);
+        }
+        __threadfence_system();
+        break;
+    }
+  }
+}
+
 }  // namespace
+
+int launchPolledFlags(void* stream, const FlagOp* ops, size_t count) {
+  for (size_t done = 0; done < count;) {
+    PolledBatch batch{};
+    batch.count = static_cast<uint32_t>(count - done < kPolledOps ? count - done : kPolledOps);
+    for (uint32_t i = 0; i < batch.count; ++i) {
+      const FlagOp& op = ops[done + i];
+      batch.ops[i] = {op.flag, op.base, op.value, static_cast<uint8_t>(op.kind),
+                      static_cast<uint8_t>(op.compare == Compare::Equal ? 1 : 0)};
+    }
+    polledFlags<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess)
+      return static_cast<int>(error);
+    done += batch.count;
+  }
+  return static_cast<int>(cudaSuccess);
+}
 
 int launchReduce(void* stream, const ReduceArgs& args, int smCount) {
   if (args.inputs < 1 || args.inputs > kMaxReduceInputs || args.finalizeDivisor < 0 ||

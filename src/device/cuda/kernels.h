@@ -1,5 +1,6 @@
-// braid's own CUDA kernels: the n-input reduce and a copy, which the CUDA
-// device (Device::reduce, Device::copy) enqueues on its streams. Free of
+// braid's own CUDA kernels: the n-input reduce, a copy, and polled flag
+// operations, which the CUDA device (Device::reduce, Device::copy,
+// Device::flagOps) enqueues on its streams. Free of
 // CUDA headers so that any translation unit can declare them; kernels.cu
 // defines them, element_ops.h holds the element functions they apply.
 //
@@ -42,5 +43,15 @@ int launchReduce(void* stream, const ReduceArgs& args, int smCount);
 // ranges do not overlap unless dst == src; smCount >= 1 (a smaller value
 // is taken as 1).
 int launchCopy(void* stream, void* dst, const void* src, size_t bytes, int smCount);
+
+// Enqueues on `stream` one single-thread kernel per kPolledOps operations
+// that runs them in order: writes after a system-scope fence, Adds, and
+// waits that poll the flag (sleeping ~200 ns between looks) until it
+// passes, each value taken relative to *op.base where there is one. For
+// the batches a stream memory operation cannot express (FlagOp::polled()).
+// Returns the launch's cudaError_t as an int.
+// REQUIRES: every flag and base in memory the current device can access.
+inline constexpr size_t kPolledOps = 32;
+int launchPolledFlags(void* stream, const FlagOp* ops, size_t count);
 
 }  // namespace braid::device::cuda

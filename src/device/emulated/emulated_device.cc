@@ -85,13 +85,41 @@ class Stream {
 
   int device() const { return device_; }
 
+  // Runs `task` after everything enqueued before it; while the stream is
+  // captured, records it instead.
   void enqueue(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (capture_) {
+        capture_->push_back(std::move(task));
+        return;
+      }
       queue_.push_back(std::move(task));
       ++enqueued_;
     }
     changed_.notify_all();
+  }
+
+  // ---- Capture: the tasks enqueued in between, to be enqueued again on
+  // each launch.
+  using Tasks = std::vector<std::function<void()>>;
+  void beginCapture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (capture_)
+      throw Error(ErrorCode::InvalidUsage,
+                  "braid: emulated device: beginCapture: the stream is being captured already");
+    capture_ = std::make_shared<Tasks>();
+  }
+  std::shared_ptr<const Tasks> endCapture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!capture_)
+      throw Error(ErrorCode::InvalidUsage,
+                  "braid: emulated device: endCapture: the stream is not being captured");
+    return std::move(capture_);
+  }
+  bool capturing() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return capture_ != nullptr;
   }
 
   void synchronize() {
@@ -126,7 +154,8 @@ class Stream {
   std::deque<std::function<void()>> queue_;
   uint64_t enqueued_ = 0, completed_ = 0;
   bool retired_ = false;
-  std::thread worker_;  // last: starts once the rest is built
+  std::shared_ptr<Tasks> capture_;  // while captured: what was enqueued
+  std::thread worker_;              // last: starts once the rest is built
 };
 
 // An event: record() numbers a recording, the stream marks it done. Tasks
@@ -279,17 +308,28 @@ class EmulatedDevice final : public Device {
     checkDevice(device, "createEvent");
     return new EventRef(std::make_shared<Event>());
   }
-  bool capturing(StreamHandle stream) override {
-    streamOf(stream);
-    return false;  // the emulated device has no graphs
+  bool capturing(StreamHandle stream) override { return streamOf(stream).capturing(); }
+  void beginCapture(StreamHandle stream) override { streamOf(stream).beginCapture(); }
+  GraphHandle endCapture(StreamHandle stream) override {
+    return new std::shared_ptr<const Stream::Tasks>(streamOf(stream).endCapture());
+  }
+  void launchGraph(GraphHandle graph, StreamHandle handle) override {
+    Stream& stream = streamOf(handle);
+    for (const auto& task : **static_cast<std::shared_ptr<const Stream::Tasks>*>(graph))
+      stream.enqueue(task);
+  }
+  void destroyGraph(GraphHandle graph) override {
+    delete static_cast<std::shared_ptr<const Stream::Tasks>*>(graph);
   }
   void destroyEvent(EventHandle event) override { delete &eventOf(event); }
   void record(EventHandle handle, StreamHandle stream) override {
+    refuseCaptured(stream, "record");
     EventRef event = eventOf(handle);
     const uint32_t number = __atomic_add_fetch(&event->recorded, 1, __ATOMIC_ACQ_REL);
     streamOf(stream).enqueue([event, number] { raiseAndWake(&event->done, number); });
   }
   void streamWait(StreamHandle handle, EventHandle eventHandle) override {
+    refuseCaptured(handle, "streamWait");
     Stream& stream = streamOf(handle);
     EventRef event = eventOf(eventHandle);
     const uint32_t number = __atomic_load_n(&event->recorded, __ATOMIC_ACQUIRE);
@@ -318,10 +358,18 @@ class EmulatedDevice final : public Device {
     std::vector<FlagOp> batch(ops, ops + count);
     stream.enqueue([batch = std::move(batch)] {
       for (const FlagOp& op : batch) {
-        if (op.kind == FlagOp::Kind::Write)
-          storeAndWake(op.flag, op.value);
-        else
-          waitFor(op.flag, op.value, op.compare);
+        const uint32_t value = op.base ? load(op.base) + op.value : op.value;
+        switch (op.kind) {
+          case FlagOp::Kind::Write:
+            storeAndWake(op.flag, value);
+            break;
+          case FlagOp::Kind::Wait:
+            waitFor(op.flag, value, op.compare);
+            break;
+          case FlagOp::Kind::Add:
+            storeAndWake(op.flag, load(op.flag) + op.value);
+            break;
+        }
       }
     });
   }
@@ -343,6 +391,16 @@ class EmulatedDevice final : public Device {
   static size_t pageRounded(size_t bytes) {
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  }
+
+  // Events are not captured: a graph of the emulated device replays its
+  // own stream's work only.
+  static void refuseCaptured(StreamHandle stream, const char* what) {
+    if (streamOf(stream).capturing())
+      throw Error(ErrorCode::InvalidUsage,
+                  format("braid: emulated device: %s on a stream being captured: the emulated "
+                         "device captures no events",
+                         what));
   }
 
   static void checkDevice(int device, const char* what) {
