@@ -218,6 +218,72 @@ TEST_P(DeviceNccl, CommInitAllAndGroupsAcrossCommunicatorsFromOneThread) {
       options());
 }
 
+// NCCL's single-process model captured into graphs: one thread captures an
+// all-reduce and an all-gather on every communicator's stream inside one
+// ncclGroupStart/ncclGroupEnd (the first capture sets up braid's graph
+// FIFOs, every communicator at once), then replays the graphs 20 times with
+// new inputs, checking every result.
+TEST_P(DeviceNccl, CollectivesCapturedInAGroupAcrossCommunicatorsReplay) {
+  runProcesses(
+      1,
+      [](int, const UniqueId&, const Config&) {
+        device::Device& dev = *device::current();
+        constexpr int kRanks = 3;
+        const int kDevices[] = {0, 1 % dev.count(), 0};
+        ncclComm_t comms[kRanks] = {};
+        check(ncclCommInitAll(comms, kRanks, kDevices), "ncclCommInitAll");
+        const size_t count = 30011;
+        std::vector<std::unique_ptr<TestStream>> streams;
+        std::vector<float*> ins, sums, alls;
+        for (int r = 0; r < kRanks; ++r) {
+          dev.setCurrent(kDevices[r]);
+          streams.push_back(std::make_unique<TestStream>(kDevices[r]));
+          ins.push_back(deviceCopyOf(std::vector<float>(count, 0.0f)));
+          sums.push_back(deviceCopyOf(std::vector<float>(count, -1.0f)));
+          alls.push_back(deviceCopyOf(std::vector<float>(count * kRanks, -1.0f)));
+        }
+        for (auto& stream : streams) dev.beginCapture(stream->handle());
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < kRanks; ++r) {
+          auto stream = static_cast<cudaStream_t>(streams[r]->handle());
+          check(ncclAllReduce(ins[r], sums[r], count, ncclFloat32, ncclSum, comms[r], stream),
+                "ncclAllReduce");
+          check(ncclAllGather(ins[r], alls[r], count, ncclFloat32, comms[r], stream),
+                "ncclAllGather");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd");
+        std::vector<device::GraphHandle> graphs;
+        for (auto& stream : streams) graphs.push_back(dev.endCapture(stream->handle()));
+        for (int k = 0; k < 20; ++k) {
+          for (int r = 0; r < kRanks; ++r) {
+            std::vector<float> mine(count);
+            for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((r + 1) * (i % 31) + k);
+            dev.copyNow(ins[r], mine.data(), count * sizeof(float));
+          }
+          for (int r = 0; r < kRanks; ++r) dev.launchGraph(graphs[r], streams[r]->handle());
+          for (auto& stream : streams) stream->synchronize();
+          for (int r = 0; r < kRanks; ++r) {
+            const std::vector<float> sum = hostCopyOf(sums[r], count);
+            const std::vector<float> all = hostCopyOf(alls[r], count * kRanks);
+            for (size_t i = 0; i < count; ++i) {
+              require(sum[i] == static_cast<float>(6 * (i % 31) + 3 * k),
+                      format("replay %d: rank %d's all-reduce element %zu is %g", k, r, i, sum[i]));
+              for (int q = 0; q < kRanks; ++q)
+                require(
+                    all[q * count + i] == static_cast<float>((q + 1) * (i % 31) + k),
+                    format("replay %d: rank %d's all-gather element %zu of rank %d", k, r, i, q));
+            }
+          }
+        }
+        for (device::GraphHandle graph : graphs) dev.destroyGraph(graph);
+        for (int r = 0; r < kRanks; ++r)
+          for (float* memory : {ins[r], sums[r], alls[r]})
+            check(ncclMemFree(memory), "ncclMemFree");
+        for (ncclComm_t comm : comms) check(ncclCommDestroy(comm), "ncclCommDestroy");
+      },
+      options());
+}
+
 // Symmetric windows through NCCL's API, in the single-process model: one
 // thread registers a window on every communicator inside a group, runs an
 // all-reduce on window buffers (braid takes its direct path) and one on

@@ -203,6 +203,13 @@ std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::strin
                                                    bootstrap.size());
 }
 
+std::unique_ptr<DeviceTransport> wireGraphDevice(const Setup& setup, const std::string& preference,
+                                                 device::Device& device, int deviceIndex) {
+  return cuda_ipc::create(setup.bootstrap,
+                          mappedPeers(preferenceOrder(preference), setup.bootstrap), device,
+                          deviceIndex, setup.slotBytes, setup.slots, setup.deadline);
+}
+
 std::vector<PeerWindow> mapWindow(const Setup& setup, const std::string& preference,
                                   device::Device& device, int deviceIndex, void* base,
                                   size_t bytes) {

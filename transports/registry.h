@@ -44,6 +44,12 @@ std::vector<std::string> builtTransports();
 std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::string& preference,
                                             device::Device& device, int deviceIndex);
 
+// Collective over the communicator: a second set of device connections,
+// for ops captured into graphs, to the peers whose device buffers go
+// through mapped device memory (none to peers staged over tcp).
+std::unique_ptr<DeviceTransport> wireGraphDevice(const Setup& setup, const std::string& preference,
+                                                 device::Device& device, int deviceIndex);
+
 // Collective over the communicator: every rank's window of `bytes` at
 // `base` (device memory of `deviceIndex`), as this rank reaches it (see
 // cuda_ipc::mapWindow): mapped from every peer whose device buffers go

@@ -58,6 +58,10 @@ class Work {
   bool test() const;
   // Blocks until the operation finished; rethrows its error, if any.
   void wait() const;
+  // Whether the operation was captured into a CUDA graph (its stream was
+  // being captured): then it runs on each replay of the graph, and test()
+  // and wait() report only that it was captured (at once, true).
+  bool captured() const;
 
  private:
   std::shared_ptr<State> state_;

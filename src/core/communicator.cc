@@ -191,11 +191,6 @@ class Checker {
       fail(ErrorCode::InvalidUsage, impl_.rank,
            format("%s: device buffers cannot be used by this communicator: %s", op_,
                   impl_.noDevice.c_str()));
-    if (impl_.device->capturing(stream.deviceStream()))
-      fail(ErrorCode::InvalidUsage, impl_.rank,
-           format("%s: the stream is being captured into a CUDA graph, which braid's device "
-                  "ops do not support yet (they would bake this call's counters into it)",
-                  op_));
     return true;
   }
 
@@ -218,6 +213,12 @@ void Work::State::complete(const Error* failure) {
     finished = true;
   }
   done.notify_all();
+}
+
+bool Work::captured() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->captured;
 }
 
 bool Work::test() const {

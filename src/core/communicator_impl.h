@@ -29,6 +29,7 @@ struct Work::State {
   std::condition_variable done;
   bool finished = false;
   bool inOpenGroup = false;  // issued inside a group that has not ended yet
+  bool captured = false;     // captured into a graph: it runs on each replay
   // The failure, as plain values: wait() throws an Error of its own, so
   // no exception object is shared by the thread that completes an op and
   // the threads that wait for it.
@@ -115,6 +116,11 @@ struct Communicator::Impl {
   // once the device passed them. Throws (completing their Work with the
   // error) when they cannot be enqueued.
   void executeOnDevice(PendingOp* ops, size_t count);
+  // Whether `ops` are being captured into a graph (their stream is): then
+  // the graph FIFOs exist on return (the first capture makes them, with
+  // every rank). Throws InvalidUsage for a group on several streams.
+  bool captureDevice(const PendingOp* ops, size_t count,
+                     const std::vector<device::StreamHandle>& streams);
   // Collective: gives the communicator its device and device connections
   // when every rank has a device; else notes why not (noDevice).
   void setUpDevice();

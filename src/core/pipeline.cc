@@ -148,11 +148,41 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
   };
   try {
     throwIfFailed();
+    if (captureDevice(ops, count, streams)) {
+      deviceExecutor->enqueueCaptured(lanes.data(), count, streams[0]);
+      for (size_t i = 0; i < count; ++i)
+        if (ops[i].work) {
+          std::lock_guard<std::mutex> lock(ops[i].work->mutex);
+          ops[i].work->captured = true;
+        }
+      done(nullptr);
+      return;
+    }
     deviceExecutor->enqueue(lanes.data(), count, streams.data(), streams.size(), done);
   } catch (const Error& error) {
     done(&error);
     throw;
   }
+}
+
+bool Communicator::Impl::captureDevice(const PendingOp* ops, size_t,
+                                       const std::vector<device::StreamHandle>& streams) {
+  size_t capturing = 0;
+  for (device::StreamHandle stream : streams) capturing += device->capturing(stream) ? 1 : 0;
+  if (capturing == 0) return false;
+  if (capturing != streams.size() || streams.size() > 1)
+    fail(ErrorCode::InvalidUsage, rank,
+         format("%s: a group captured into a CUDA graph issues every op on the one stream being "
+                "captured (this group uses %zu streams, %zu of them capturing)",
+                ops[0].info.describe().c_str(), streams.size(), capturing));
+  // The first capture sets up the graph FIFOs, with every rank.
+  if (!deviceExecutor->hasGraphFifos()) {
+    const transport::Setup setup{*bootstrap, knobs.deviceSlotBytes, knobs.deviceSlots,
+                                 Clock::now() + knobs.timeout};
+    deviceExecutor->setGraphFifos(
+        transport::wireGraphDevice(setup, knobs.transports, *device, deviceIndex));
+  }
+  return true;
 }
 
 void Communicator::Impl::waitForAsyncIdle() {

@@ -97,7 +97,23 @@ DeviceExecutor::DeviceExecutor(device::Device& device,
       onFailure_(std::move(onFailure)),
       slotBytes_(transport_->slotBytes()),
       slots_(static_cast<uint64_t>(transport_->slots())),
+      main_{transport_.get(), slotBytes_, slots_, nullptr, nullptr},
       watchdog_([this] { watch(); }) {}
+
+bool DeviceExecutor::hasGraphFifos() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return graphTransport_ != nullptr;
+}
+
+void DeviceExecutor::setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs) {
+  // Its counters: sent, then received, a word per peer, zeroed.
+  auto* counters = static_cast<uint32_t*>(
+      device_.allocate(deviceIndex_, 2 * static_cast<size_t>(nranks_) * sizeof(uint32_t)));
+  std::lock_guard<std::mutex> lock(mutex_);
+  graphTransport_ = std::move(graphs);
+  graphs_ = {graphTransport_.get(), graphTransport_->slotBytes(),
+             static_cast<uint64_t>(graphTransport_->slots()), counters, counters + nranks_};
+}
 
 DeviceExecutor::~DeviceExecutor() {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -117,6 +133,8 @@ DeviceExecutor::~DeviceExecutor() {
     for (device::EventHandle event : freeEvents_) device_.destroyEvent(event);
     for (std::byte* old : retiredScratch_) device_.free(old);
     if (scratch_) device_.free(scratch_);
+    for (std::byte* memory : graphMemory_) device_.free(memory);
+    if (graphs_.sent) device_.free(graphs_.sent);
     if (sends_) device_.destroyStream(sends_);
   } catch (const Error& error) {
     BRAID_WARN(Exec, "device executor: freeing its device resources failed: %s", error.what());
@@ -229,6 +247,84 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   changed_.notify_all();
 }
 
+void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::StreamHandle stream) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) throw *failure_;
+  const std::string what = lanes[0].info.describe();
+  size_t sendsAndReceives = 0;
+  bool anySend = false;
+  for (size_t i = 0; i < count; ++i) {
+    sendsAndReceives += lanes[i].pointToPoint ? 1 : 0;
+    for (const algo::Step& step : lanes[i].plan->steps) {
+      anySend |= lanes[i].pointToPoint && step.kind == StepKind::Send;
+      for (int peer :
+           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1})
+        if (peer >= 0 && !graphs_.transport->connection(peer))
+          fail(ErrorCode::InvalidUsage, rank_,
+               format("%s: the stream is being captured into a CUDA graph, and rank %d is "
+                      "reached by '%s': a graph can hold device ops only between ranks that "
+                      "map each other's device memory",
+                      lanes[i].info.describe().c_str(), peer, transport_->path(peer).c_str()));
+    }
+  }
+  if (sendsAndReceives > 1 && anySend)
+    fail(ErrorCode::InvalidUsage, rank_,
+         format("%s: the stream is being captured into a CUDA graph, and a group of several "
+                "sends and receives cannot be captured yet (braid runs its sends on a stream "
+                "of its own)",
+                what.c_str()));
+  std::stable_partition(lanes, lanes + count,
+                        [](const DeviceLane& lane) { return !lane.pointToPoint; });
+  // Scratch of its own: replays run whenever the graph is launched.
+  size_t need = 0;
+  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
+  auto* scratch = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
+  graphMemory_.push_back(scratch);
+  for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i]), ++i)
+    lanes[i].scratch = scratch + at;
+
+  // Message numbers count from 0 within the op; the device counters say
+  // where each replay starts.
+  for (int peer = 0; peer < nranks_; ++peer)
+    if (transport::DeviceConnection* c = graphs_.transport->connection(peer))
+      c->send.next = c->recv.next = 0;
+  ch_ = &graphs_;
+  Op untracked;
+  try {
+    lower(lanes, count, stream, &untracked);
+    // Whole laps of the slots, then the counters move on.
+    for (int peer = 0; peer < nranks_; ++peer) {
+      transport::DeviceConnection* c = graphs_.transport->connection(peer);
+      if (!c) continue;
+      while (c->send.next % graphs_.slots) {
+        pendingFlags_.push_back(FlagOp::wait(c->send.credit, low(c->send.next + 1 - graphs_.slots),
+                                             device::Compare::GreaterOrEqual, sent(peer)));
+        postMessage(peer, lanes[0].tag, 0);
+      }
+      while (c->recv.next % graphs_.slots) {
+        pendingFlags_.push_back(FlagOp::wait(c->recv.filled, low(c->recv.next + 1),
+                                             device::Compare::GreaterOrEqual, received(peer)));
+        releaseMessage(peer);
+      }
+    }
+    for (int peer = 0; peer < nranks_; ++peer) {
+      const transport::DeviceConnection* c = graphs_.transport->connection(peer);
+      if (!c) continue;
+      if (c->send.next)
+        pendingFlags_.push_back(FlagOp::add(graphs_.sent + peer, low(c->send.next)));
+      if (c->recv.next)
+        pendingFlags_.push_back(FlagOp::add(graphs_.received + peer, low(c->recv.next)));
+    }
+    flushFlags();
+  } catch (...) {
+    ch_ = &main_;
+    pendingFlags_.clear();
+    throw;
+  }
+  ch_ = &main_;
+  captured_ = true;
+}
+
 void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op) {
   lowering_ = op;
   pendingFlags_.clear();
@@ -279,7 +375,7 @@ void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle
         const bool known = std::any_of(op->targets.begin(), op->targets.end(),
                                        [&](const Op::Target& t) { return t.peer == peer; });
         if (known) continue;
-        const transport::DeviceConnection* c = transport_->connection(peer);
+        const transport::DeviceConnection* c = ch_->transport->connection(peer);
         op->targets.push_back({peer, c->recv.next, c->send.next});
       }
 }
@@ -365,10 +461,10 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
 
   transport::DeviceFifo* in =
-      receives(step.kind) ? &transport_->connection(step.recvPeer)->recv : nullptr;
+      receives(step.kind) ? &ch_->transport->connection(step.recvPeer)->recv : nullptr;
   transport::DeviceFifo* out =
-      sends(step.kind) ? &transport_->connection(step.sendPeer)->send : nullptr;
-  const size_t piece = std::min(slotBytes_, total - lane.done);
+      sends(step.kind) ? &ch_->transport->connection(step.sendPeer)->send : nullptr;
+  const size_t piece = std::min(ch_->slotBytes, total - lane.done);
   const size_t elems = piece / elemSize;
   const std::byte* mine = readsSrc ? src + lane.done : nullptr;
   std::byte* result = writesDst ? dst + lane.done : nullptr;
@@ -376,10 +472,12 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   std::byte* outSlot = nullptr;
   // The data has arrived; the peer's slot is free again.
   if (in) {
-    const uint64_t slot = in->next % slots_;
-    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1)));
-    pendingFlags_.push_back(FlagOp::wait(in->tags + slot, lane.tag, device::Compare::Equal));
-    inSlot = in->slots + slot * slotBytes_;
+    const uint64_t slot = in->next % ch_->slots;
+    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1),
+                                         device::Compare::GreaterOrEqual, received(step.recvPeer)));
+    if (!ch_->received)  // (see enqueueCaptured: no tags in graphs)
+      pendingFlags_.push_back(FlagOp::wait(in->tags + slot, lane.tag, device::Compare::Equal));
+    inSlot = in->slots + slot * ch_->slotBytes;
     auto& runs = lowering_->received;
     if (!runs.empty() && runs.back().peer == step.recvPeer && runs.back().tag == lane.tag &&
         runs.back().last == in->next)
@@ -388,8 +486,9 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
       runs.push_back({step.recvPeer, in->next, in->next + 1, lane.tag});
   }
   if (out) {
-    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
-    outSlot = out->slots + (out->next % slots_) * slotBytes_;
+    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - ch_->slots),
+                                         device::Compare::GreaterOrEqual, sent(step.sendPeer)));
+    outSlot = out->slots + (out->next % ch_->slots) * ch_->slotBytes;
   }
   flushFlags();
   switch (step.kind) {
@@ -423,8 +522,8 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
   // Tell the peer its slot is filled, and the sender its slot is free;
   // flushed together with the next piece's waits.
-  if (out) postMessage(*out, lane.tag, piece);
-  if (in) pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
+  if (out) postMessage(step.sendPeer, lane.tag, piece);
+  if (in) releaseMessage(step.recvPeer);
   lane.done += piece;
   if (lane.done == total) {
     lane.done = 0;
@@ -432,12 +531,18 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   }
 }
 
-void DeviceExecutor::postMessage(transport::DeviceFifo& out, uint32_t tag, size_t bytes) {
-  const uint64_t slot = out.next % slots_;
+void DeviceExecutor::postMessage(int peer, uint32_t tag, size_t bytes) {
+  transport::DeviceFifo& out = ch_->transport->connection(peer)->send;
+  const uint64_t slot = out.next % ch_->slots;
   if (out.lengths)
     pendingFlags_.push_back(FlagOp::write(out.lengths + slot, static_cast<uint32_t>(bytes)));
   pendingFlags_.push_back(FlagOp::write(out.tags + slot, tag));
-  pendingFlags_.push_back(FlagOp::write(out.filled, low(++out.next)));
+  pendingFlags_.push_back(FlagOp::write(out.filled, low(++out.next), sent(peer)));
+}
+
+void DeviceExecutor::releaseMessage(int peer) {
+  transport::DeviceFifo& in = ch_->transport->connection(peer)->recv;
+  pendingFlags_.push_back(FlagOp::write(in.credit, low(++in.next), received(peer)));
 }
 
 void DeviceExecutor::lowerSignals(DeviceLane& lane) {
@@ -447,23 +552,27 @@ void DeviceExecutor::lowerSignals(DeviceLane& lane) {
   // Every message first (a slot of its own, empty, tagged), then every
   // wait for the peers' and the credit back; merged with what is pending.
   for (size_t s = lane.step; s < end; ++s) {
-    transport::DeviceFifo* out = &transport_->connection(steps[s].sendPeer)->send;
-    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - slots_)));
-    postMessage(*out, lane.tag, 0);
+    const int peer = steps[s].sendPeer;
+    transport::DeviceFifo* out = &ch_->transport->connection(peer)->send;
+    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - ch_->slots),
+                                         device::Compare::GreaterOrEqual, sent(peer)));
+    postMessage(peer, lane.tag, 0);
   }
   for (size_t s = lane.step; s < end; ++s) {
     const int peer = steps[s].recvPeer;
-    transport::DeviceFifo* in = &transport_->connection(peer)->recv;
-    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1)));
-    pendingFlags_.push_back(
-        FlagOp::wait(in->tags + in->next % slots_, lane.tag, device::Compare::Equal));
+    transport::DeviceFifo* in = &ch_->transport->connection(peer)->recv;
+    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1),
+                                         device::Compare::GreaterOrEqual, received(peer)));
+    if (!ch_->received)
+      pendingFlags_.push_back(
+          FlagOp::wait(in->tags + in->next % ch_->slots, lane.tag, device::Compare::Equal));
     auto& runs = lowering_->received;
     if (!runs.empty() && runs.back().peer == peer && runs.back().tag == lane.tag &&
         runs.back().last == in->next)
       ++runs.back().last;
     else
       runs.push_back({peer, in->next, in->next + 1, lane.tag});
-    pendingFlags_.push_back(FlagOp::write(in->credit, low(++in->next)));
+    releaseMessage(peer);
   }
   lane.step = end;
 }
@@ -532,6 +641,18 @@ void DeviceExecutor::releaseWaits() {
       device_.writeFlagNow(c->recv.tags + m % slots_, run.tag);
   }
   ++releaseTurn_;
+}
+
+void DeviceExecutor::releaseGraphWaits() {
+  // Past anything a replay waits for: its waits are at most a 2^30
+  // messages ahead of the counters they are relative to.
+  constexpr uint32_t kAhead = 1u << 30;
+  for (int peer = 0; peer < nranks_; ++peer) {
+    transport::DeviceConnection* c = graphs_.transport->connection(peer);
+    if (!c) continue;
+    device_.writeFlagNow(c->recv.filled, device_.readFlagNow(graphs_.received + peer) + kAhead);
+    device_.writeFlagNow(c->send.credit, device_.readFlagNow(graphs_.sent + peer) + kAhead);
+  }
 }
 
 Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
@@ -697,6 +818,7 @@ void DeviceExecutor::watch() {
 void DeviceExecutor::abandonOps(std::unique_lock<std::mutex>& lock) {
   abandoned_ = true;
   transport_->keepMemory();
+  if (graphTransport_) graphTransport_->keepMemory();
   while (!ops_.empty()) {
     Op op = std::move(ops_.front());
     ops_.pop_front();
@@ -730,6 +852,14 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
               notice.timedOut);
     else if (notice.closed)
       departed_.push_back({notice.peer, notice.goodbye});
+    // A graph may replay any time: a peer that died fails the communicator
+    // now, so that the replays' waits are released.
+    if (captured_ && notice.closed && !notice.gaveUp && !notice.goodbye && !failure_)
+      failAll(Error(ErrorCode::RemoteError,
+                    format("braid rank %d: device ops: peer %d closed its connection (it exited "
+                           "or died) while ops of this communicator are captured in CUDA graphs",
+                           rank_, notice.peer)),
+              notice.peer, false);
   }
   if (!failure_ && aborted_.load(std::memory_order_relaxed))
     failAll(Error(ErrorCode::Aborted,
@@ -745,8 +875,10 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
   }
   if (failure_) {
     // Every op fails, those the stream passed meanwhile too; the waits
-    // are released until the stream has passed them all.
+    // are released until the stream has passed them all (and a graph's
+    // for as long as the communicator lives: replays come unannounced).
     releaseWaits();
+    if (captured_ && !abandoned_) releaseGraphWaits();
     passed = 0;
     while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
   }

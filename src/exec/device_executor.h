@@ -107,6 +107,23 @@ class DeviceExecutor {
   void enqueue(DeviceLane* lanes, size_t count, const device::StreamHandle* streams,
                size_t streamCount, Done done);
 
+  // Lowers lanes issued on `stream` while it is being captured into a
+  // graph, so that every replay of the graph runs them anew: on the graph
+  // FIFOs, whose counters live in device memory and advance on the device
+  // (FlagOp's relative values), each op padded with empty messages to a
+  // whole number of laps of the slots, so that every op starts at slot 0.
+  // Nothing is tracked: the host never sees a replay. Every rank must
+  // replay its graphs in the same order, one at a time per communicator
+  // (NCCL's rule too); tags are not checked in graphs. Throws InvalidUsage
+  // naming what cannot be captured: a peer the graph FIFOs do not reach
+  // (one staged over tcp), or grouped sends and receives (which need a
+  // second stream). REQUIRES: hasGraphFifos().
+  void enqueueCaptured(DeviceLane* lanes, size_t count, device::StreamHandle stream);
+  // The graph FIFOs: made by the communicator (collectively) at the first
+  // capture, of the ordinary FIFOs' shape, so that every plan fits them.
+  bool hasGraphFifos();
+  void setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs);
+
  private:
   struct Op {
     OpInfo info;
@@ -144,9 +161,20 @@ class DeviceExecutor {
   // A mapped plan's steps (lowered alone): a run of Signals, and the
   // direct kernels.
   void lowerSignals(DeviceLane& lane);
-  // The flag writes that hand message `out.next` (`bytes` long, of the op
-  // tagged `tag`) to the peer, once the work before them ran.
-  void postMessage(transport::DeviceFifo& out, uint32_t tag, size_t bytes);
+  // The flag writes that hand the next message to `peer` (`bytes` long,
+  // of the op tagged `tag`), once the work before them ran; and those that
+  // give the next message from `peer` back.
+  void postMessage(int peer, uint32_t tag, size_t bytes);
+  void releaseMessage(int peer);
+  // The device counters a captured op's flag values are relative to (null
+  // on the ordinary FIFOs, whose values are absolute).
+  const uint32_t* sent(int peer) const { return ch_->sent ? ch_->sent + peer : nullptr; }
+  const uint32_t* received(int peer) const {
+    return ch_->received ? ch_->received + peer : nullptr;
+  }
+  // After a failure: releases every wait of a graph replay, now and for
+  // replays still to come.
+  void releaseGraphWaits();
   void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
   // gathered for).
@@ -186,7 +214,22 @@ class DeviceExecutor {
   const size_t slotBytes_;
   const uint64_t slots_;
 
-  std::mutex mutex_;  // guards everything below
+  // What ops are lowered onto: the ordinary FIFOs, or the graph FIFOs with
+  // per-peer counters in device memory (this rank's messages sent to and
+  // received from each peer by captured ops so far).
+  struct Channel {
+    transport::DeviceTransport* transport = nullptr;
+    size_t slotBytes = 0;
+    uint64_t slots = 0;
+    uint32_t* sent = nullptr;
+    uint32_t* received = nullptr;
+  };
+  Channel main_;
+
+  std::mutex mutex_;                                            // guards everything below
+  std::unique_ptr<transport::DeviceTransport> graphTransport_;  // null until the first capture
+  Channel graphs_;
+  Channel* ch_ = &main_;  // lowering: the channel
   std::condition_variable changed_;
   std::deque<Op> ops_;  // outstanding, in issue order
   std::vector<device::EventHandle> freeEvents_;
@@ -195,6 +238,8 @@ class DeviceExecutor {
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   Op* lowering_ = nullptr;                        // the op lowerPiece() adds to
   size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
+  std::vector<std::byte*> graphMemory_;           // captured ops' scratch
+  bool captured_ = false;                         // an op was captured: graph replays may run
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
   int brokenTurns_ = 0;                     // watchdog turns in a row that a device call failed
