@@ -30,6 +30,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -182,6 +183,7 @@ class Runner {
   // Issues one call: host-synchronous (finished on return), or enqueued on
   // the device stream. Returns its Work (sendrecv: the receive's).
   Work issue(DataType type, ReduceOp op, size_t count, const Placement& p);
+  class CapturedCalls;
   Measurement measure(DataType type, ReduceOp op, size_t count, bool inPlace);
   double aggregateTime(double us);
   uint64_t sumOverRanks(uint64_t value);
@@ -316,6 +318,36 @@ uint64_t Runner::sumOverRanks(uint64_t value) {
   return total;
 }
 
+// -C: the -n timed calls captured into one graph, and a single call into
+// another (for the check), on the device stream; destroyed with it.
+class Runner::CapturedCalls {
+ public:
+  CapturedCalls(Runner& runner, DataType type, ReduceOp op, size_t count, const Placement& p)
+      : device_(runner.device_->device()), stream_(runner.device_->stream()) {
+    device_.beginCapture(stream_);
+    for (int i = 0; i < runner.options_.iters; ++i) runner.issue(type, op, count, p);
+    timed_ = device_.endCapture(stream_);
+    device_.beginCapture(stream_);
+    runner.issue(type, op, count, p);
+    once_ = device_.endCapture(stream_);
+    launchTimed();  // the first launch uploads the graph (CUDA): untimed
+    device_.synchronize(stream_);
+  }
+  ~CapturedCalls() {
+    device_.destroyGraph(timed_);
+    device_.destroyGraph(once_);
+  }
+  CapturedCalls(const CapturedCalls&) = delete;
+  CapturedCalls& operator=(const CapturedCalls&) = delete;
+  void launchTimed() { device_.launchGraph(timed_, stream_); }
+  void launchOnce() { device_.launchGraph(once_, stream_); }
+
+ private:
+  device::Device& device_;
+  device::StreamHandle stream_;
+  device::GraphHandle timed_ = nullptr, once_ = nullptr;
+};
+
 Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPlace) {
   // The calls' buffers, and their host side (the same ones with -G 0).
   Placement host = placement(send_->data(), recv_->data(), type, count, inPlace);
@@ -332,22 +364,33 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
     device_->synchronize();
     last.wait();  // rethrows a failed call's error
   }
+  // -C: the timed calls, and one more for the check, captured into graphs.
+  std::optional<CapturedCalls> graphs;
+  if (options_.graphLaunches > 0) graphs.emplace(*this, type, op, count, p);
   comm_.barrier().wait();
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < options_.iters; ++i) last = issue(type, op, count, p);
+  if (graphs) {
+    for (int j = 0; j < options_.graphLaunches; ++j) graphs->launchTimed();
+  } else {
+    for (int i = 0; i < options_.iters; ++i) last = issue(type, op, count, p);
+  }
   if (device_) device_->synchronize();
   std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
   if (device_) last.wait();
+  const int calls = options_.iters * (graphs ? options_.graphLaunches : 1);
 
   Measurement m;
   m.algorithm = device_ ? detail::lastDeviceAlgorithm(comm_) : detail::lastAlgorithm(comm_);
-  m.timeUs = aggregateTime(elapsed.count() / options_.iters);
+  m.timeUs = aggregateTime(elapsed.count() / calls);
   double bytes = static_cast<double>(reportedBytes(collective_, count, type, nranks_));
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
   m.busbw = m.algbw * busBandwidthFactor(collective_, nranks_);
   if (options_.check) {
     prepare(check, used);
-    last = issue(type, op, count, p);
+    if (graphs)
+      graphs->launchOnce();
+    else
+      last = issue(type, op, count, p);
     if (device_) {
       device_->synchronize();
       last.wait();
@@ -384,7 +427,10 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
     buffers = std::string("device memory of ") + device_->device().name() + " device " +
               std::to_string(device_->index()) +
               (options_.registration == 2 ? " in registered windows" : "") +
-              ", calls on one device stream";
+              ", calls on one device stream" +
+              (options_.graphLaunches > 0 ? ", captured into a CUDA graph launched " +
+                                                std::to_string(options_.graphLaunches) + " times"
+                                          : std::string());
   }
   std::printf("; time per call: %s; buffers: %s\n#\n", averageName(options_.average),
               buffers.c_str());
@@ -429,10 +475,10 @@ std::string Runner::json(const std::vector<Row>& rows, uint64_t wrong, double av
   std::string device = device_ ? std::string("\"") + device_->device().name() + "\"" : "null";
   add("{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
       "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"memory\": \"%s\",\n"
-      "  \"device\": %s,\n  \"results\": [",
+      "  \"device\": %s,\n  \"graph_launches\": %d,\n  \"results\": [",
       collectiveName(collective_), nranks_, options_.iters, options_.warmup,
       options_.check ? "true" : "false", averageName(options_.average), device_ ? "device" : "host",
-      device.c_str());
+      device.c_str(), options_.graphLaunches);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     add("%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "

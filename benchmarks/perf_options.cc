@@ -37,6 +37,9 @@ constexpr const char* kUsage =
     "                           (BRAID_DEVICE picks it), every call enqueued on one device\n"
     "                           stream; the time covers the calls and a stream synchronize\n"
     "                           (default 0: host memory, host-synchronous calls)\n"
+    "  -C, --graph N            with -G 1: the -n calls of a size are captured into a\n"
+    "                           CUDA graph (once, untimed) and the graph launched N times;\n"
+    "                           the time is per call (nccl-tests' -G; default 0: no graph)\n"
     "  -g, --ngpus N            N ranks in this one process, one per device (device\n"
     "                           i mod the devices there are; BRAID_DEVICE picks them),\n"
     "                           a thread each (default 1: one rank per process, from\n"
@@ -59,6 +62,7 @@ constexpr Flag kFlags[] = {
     {'r', "root", true},           {'A', "average", true},  {'J', "output_file", true},
     {'R', "local_register", true}, {'G', "device", true},   {'a', "all", false},
     {'z', "blocking", false},      {'h', "help", false},    {'g', "ngpus", true},
+    {'C', "graph", true},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -274,6 +278,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
       case 'G':
         options->onDevice = intValue(option, value, 0, 1) == 1;
         break;
+      case 'C':
+        options->graphLaunches = static_cast<int>(intValue(option, value, 0, 1000000));
+        break;
       case 'g':
         options->gpus = static_cast<int>(intValue(option, value, 1, 64));
         break;
@@ -297,6 +304,12 @@ bool parseOptions(int argc, char** argv, Options* options) {
     throw UsageError("-G 1 and -R 1 exclude each other: -R 1 registers host memory");
   if (!options->onDevice && options->registration == 2)
     throw UsageError("-R 2 registers device buffers as windows: it needs -G 1");
+  if (options->graphLaunches > 0 && !options->onDevice)
+    throw UsageError("-C captures device calls into a CUDA graph: it needs -G 1");
+  if (options->graphLaunches > 0 &&
+      std::find(options->collectives.begin(), options->collectives.end(), Collective::SendRecv) !=
+          options->collectives.end())
+    throw UsageError("-C: sendrecv's grouped send and receive cannot be captured into a graph yet");
   if (haveFactor && options->stepBytes > 0)
     throw UsageError("-f and -i exclude each other: step by a factor or by bytes");
   return true;

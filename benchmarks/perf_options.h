@@ -53,6 +53,7 @@ struct Options {
   // with Communicator::initAll; 1: one rank per process, from the launcher.
   int gpus = 1;
   bool onDevice = false;  // -G: device buffers, device stream
+  int graphLaunches = 0;  // -C: with -G, time N launches of a graph of the -n calls
   std::string jsonPath;   // -J: also write the results here
 };
 

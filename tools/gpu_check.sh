@@ -7,7 +7,8 @@
 #      builds only what it runs;
 #   2. the CUDA instances (--gtest_filter='*/cuda') of device_test,
 #      device_one_process_test (initAll, nvlink_p2p), device_windows_test
-#      (registered windows, one-shot and two-shot) and device_nccl_test,
+#      (registered windows, one-shot and two-shot), device_nccl_test and
+#      device_graphs_test (collectives captured into CUDA graphs),
 #      which must all run and pass: an instance that skips (no GPU or
 #      driver) fails the script; and nccl_device_program (built against
 #      NCCL's own nccl.h) at 4 ranks on the GPU. Those tests already put several ranks on
@@ -29,7 +30,8 @@
 #   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
 #      2-input Sum reduce for float32, bfloat16 and float16;
 #   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
-#      <= 15 us (<= 10 us in windows); 256 MiB bfloat16 busbw at 2 ranks >=
+#      <= 15 us (<= 10 us in windows), <= 4 us a call replayed from a CUDA
+#      graph (braid-perf -C, on FIFOs and in windows); 256 MiB bfloat16 busbw at 2 ranks >=
 #      0.6 * copy_bw * (n-1)/n^2, slot FIFOs and two-shot alike; one-shot
 #      faster than the slot-FIFO algorithms at 256 KiB at 2 and 4 ranks; the
 #      reduce kernels' bandwidth >= 0.9 of the copy kernel's.
@@ -116,7 +118,8 @@ main() {
   if grep -q "Google Benchmark not found" "$logs/configure.log"; then
     fail "Google Benchmark is not installed (libbenchmark-dev): braid-bench-device-kernels cannot be built"
   fi
-  suites=(device_test device_one_process_test device_windows_test device_nccl_test)
+  suites=(device_test device_one_process_test device_windows_test device_nccl_test
+    device_graphs_test)
   programs=()  # built against NCCL's own nccl.h, where the toolkit has one
   if grep -q "NCCL ABI checked against" "$logs/configure.log"; then
     programs=(nccl_device_program peer-nccl-device)
@@ -161,6 +164,9 @@ main() {
     -n 40 -w 10 -J "$logs/one-process-fifo.json"
   step one-process-windows 240 "$bin/braid-perf" allreduce -g 2 -G 1 -R 2 -d bfloat16 -b 256M \
     -e 256M -n 40 -w 10 -J "$logs/one-process-windows.json"
+  # 8 B all-reduces replayed from CUDA graphs (-C: 100 calls a graph, 20 launches).
+  perf graph-n2-bfloat16-8 2 -d bfloat16 -b 8 -e 8 -n 100 -w 10 -C 20
+  perf graph-windows-n2-bfloat16-8 2 -d bfloat16 -b 8 -e 8 -n 100 -w 10 -C 20 -R 2
   for ranks in 2 4; do  # one-shot against the slot FIFOs at 256 KiB
     perf "fifo-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20
     perf "windows-n$ranks-256K" "$ranks" -d bfloat16 -b 256K -e 256K -n 200 -w 20 -R 2
@@ -185,6 +191,8 @@ main() {
   busbw=$(perfValue perf-n2-bfloat16-256M 268435456 8)
   busbwInPlace=$(perfValue perf-n2-bfloat16-256M 268435456 12)
   wtime8=$(perfValue windows-n2-bfloat16 8 6)
+  gtime8=$(perfValue graph-n2-bfloat16-8 8 6)
+  gwtime8=$(perfValue graph-windows-n2-bfloat16-8 8 6)
   wbusbw=$(perfValue windows-n2-bfloat16-256M 268435456 8)
   pbusbw=$(perfValue one-process-fifo 268435456 8)
   pwbusbw=$(perfValue one-process-windows 268435456 8)
@@ -196,13 +204,13 @@ main() {
   fp32=$(kernel reduce2/float32/sum/1GiB)
   bf16=$(kernel reduce2/bfloat16/sum/1GiB)
   fp16=$(kernel reduce2/float16/sum/1GiB)
-  for value in time8 busbw busbwInPlace wtime8 wbusbw pbusbw pwbusbw fifo256k2 oneshot256k2 fifo256k4 \
+  for value in time8 busbw busbwInPlace wtime8 gtime8 gwtime8 wbusbw pbusbw pwbusbw fifo256k2 oneshot256k2 fifo256k4 \
     oneshot256k4 copy fp32 bf16 fp16; do
     [ -n "${!value}" ] || fail "the summary could not find '$value' in the logs"
   done
 
   awk -v time8="$time8" -v busbw="$busbw" -v busbwInPlace="$busbwInPlace" -v copy="$copy" \
-    -v wtime8="$wtime8" -v wbusbw="$wbusbw" -v pbusbw="$pbusbw" -v pwbusbw="$pwbusbw" \
+    -v wtime8="$wtime8" -v gtime8="$gtime8" -v gwtime8="$gwtime8" -v wbusbw="$wbusbw" -v pbusbw="$pbusbw" -v pwbusbw="$pwbusbw" \
     -v fifo256k2="$fifo256k2" \
     -v oneshot256k2="$oneshot256k2" -v fifo256k4="$fifo256k4" -v oneshot256k4="$oneshot256k4" \
     -v fp32="$fp32" -v bf16="$bf16" -v fp16="$fp16" -v missedFile="$logs/missed" '
@@ -221,6 +229,8 @@ main() {
           sprintf(">= 0.6*copy*(n-1)/n^2 = %.1f", bound), busbw >= bound)
       row("  the same, in place (GB/s)", busbwInPlace, "", "")
       row("8 B bfloat16 all-reduce in windows, 2 ranks (us)", wtime8, "<= 10", wtime8 <= 10)
+      row("8 B bfloat16 all-reduce from a CUDA graph, 2 ranks (us)", gtime8, "<= 4", gtime8 <= 4)
+      row("  the same in windows (us)", gwtime8, "<= 4", gwtime8 <= 4)
       row("256 MiB bfloat16 two-shot busbw, 2 ranks (GB/s)", wbusbw,
           sprintf(">= %.1f", bound), wbusbw >= bound)
       row("256 MiB bfloat16, one process -g 2, FIFOs (GB/s)", pbusbw, sprintf(">= %.1f", bound),

@@ -65,6 +65,11 @@ check "braid-perf -G 1 -R 2 (windows) at 3 ranks: 6 rows, 0 wrong" 0 bash -c \
 check "braid-perf -g 3 -G 1 (one process, three devices) -a: 0 wrong" 0 bash -c \
   "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-perf' -a -g 3 -G 1 -b 8 -e 64K -f 64 \
    -n 3 -w 1 | grep -q 'Out of bounds values : 0 OK'"
+check "braid-perf -G 1 -C 3 (calls replayed from graphs) at 3 ranks: 6 rows, 0 wrong" 0 bash -c \
+  "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-run' -n 3 '$bin/braid-perf' allreduce -G 1 \
+   -C 3 -b 8 -e 1M -f 8 -n 5 -w 2 | awk '!/^#/ { rows++; if (\$9 != 0 || \$13 != 0) bad++ }
+   END { exit !(rows == 6 && bad == 0) }'"
+check "braid-perf -C without -G 1 exits 2" 2 "$bin/braid-perf" allreduce -C 3
 check "braid-perf -R 2 without -G 1 exits 2" 2 "$bin/braid-perf" allreduce -R 2
 check "braid-perf -g 2 under braid-run exits 2" 2 \
   "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce -g 2 -b 8 -e 8
