@@ -53,6 +53,7 @@ class Graphs : public ::testing::TestWithParam<const char*> {
   void TearDown() override { ::unsetenv("BRAID_DEVICE_SLOT_BYTES"); }
   RunOptions options() const {
     RunOptions options;
+    options.deadline = std::chrono::seconds(60);  // a broken replay hangs: fail sooner
     const std::string backend = GetParam();
     options.enter = [backend](int) { device::select(backend); };
     return options;
@@ -186,7 +187,7 @@ TEST_P(Graphs, TwoGraphsReplayInTurnsWithSendsAndReceives) {
 
 // What cannot be captured is refused while capturing, naming why, and the
 // communicator goes on: grouped sends and receives (braid runs the sends on
-// a second stream), and peers staged over tcp.
+// a second stream), peers staged over tcp, and BRAID_DEVICE_GRAPHS=0.
 TEST_P(Graphs, OpsThatCannotBeCapturedAreRefusedAtCaptureTime) {
   runRanks(
       2,
@@ -241,6 +242,30 @@ TEST_P(Graphs, OpsThatCannotBeCapturedAreRefusedAtCaptureTime) {
       },
       options());
   ::unsetenv("BRAID_TRANSPORT");
+
+  ::setenv("BRAID_DEVICE_GRAPHS", "0", 1);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = currentDevice();
+        TestStream stream(dev);
+        device::Device& device = *device::current();
+        DeviceBuffer a(dev, 4096), b(dev, 4096);
+        device.beginCapture(stream.handle());
+        try {
+          comm.allReduce(a.data(), b.data(), 1024, DataType::Float32, ReduceOp::Sum,
+                         stream.stream());
+          throw RankFailure{"an all-reduce was captured under BRAID_DEVICE_GRAPHS=0"};
+        } catch (const Error& error) {
+          require(
+              error.code() == ErrorCode::InvalidUsage &&
+                  std::string(error.what()).find("BRAID_DEVICE_GRAPHS is 0") != std::string::npos,
+              std::string("the refusal names the knob: ") + error.what());
+        }
+        device.destroyGraph(device.endCapture(stream.handle()));
+      },
+      options());
+  ::unsetenv("BRAID_DEVICE_GRAPHS");
 }
 
 // A peer killed between replays: the survivors' next replay does not stay

@@ -220,9 +220,8 @@ TEST_P(DeviceNccl, CommInitAllAndGroupsAcrossCommunicatorsFromOneThread) {
 
 // NCCL's single-process model captured into graphs: one thread captures an
 // all-reduce and an all-gather on every communicator's stream inside one
-// ncclGroupStart/ncclGroupEnd (the first capture sets up braid's graph
-// FIFOs, every communicator at once), then replays the graphs 20 times with
-// new inputs, checking every result.
+// ncclGroupStart/ncclGroupEnd, then replays the graphs 20 times with new
+// inputs, checking every result.
 TEST_P(DeviceNccl, CollectivesCapturedInAGroupAcrossCommunicatorsReplay) {
   runProcesses(
       1,

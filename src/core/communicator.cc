@@ -61,7 +61,7 @@ int usableCores() {
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
     uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, tuning, deterministic;
-    uint64_t deviceSlotBytes, deviceSlots;
+    uint64_t deviceSlotBytes, deviceSlots, deviceGraphs;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -75,6 +75,7 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.deterministic = knobs.deterministic ? 1 : 0;
   mine.deviceSlotBytes = knobs.deviceSlotBytes;
   mine.deviceSlots = static_cast<uint64_t>(knobs.deviceSlots);
+  mine.deviceGraphs = knobs.deviceGraphs ? 1 : 0;
   // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
   const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
   mine.algo = 0xcbf29ce484222325ull;
@@ -101,6 +102,9 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.deviceSlots != mine.deviceSlots)
       differ("BRAID_DEVICE_SLOTS", std::to_string(mine.deviceSlots),
              std::to_string(theirs.deviceSlots));
+    if (theirs.deviceGraphs != mine.deviceGraphs)
+      differ("BRAID_DEVICE_GRAPHS", std::to_string(mine.deviceGraphs),
+             std::to_string(theirs.deviceGraphs));
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));
@@ -351,6 +355,21 @@ void Communicator::Impl::setUpDevice() {
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
       [this](const Error& error) { recordFailure(error); });
+  // The FIFOs of ops captured into CUDA graphs, made now, with every rank
+  // (at a capture some ranks may capture nothing).
+  if (!knobs.deviceGraphs) {
+    noGraphs = "BRAID_DEVICE_GRAPHS is 0";
+  } else {
+    try {
+      deviceExecutor->setGraphFifos(
+          transport::wireGraphDevice(setup, knobs.transports, *device, deviceIndex));
+    } catch (const Error& error) {  // every rank throws alike; only capture is lost
+      if (error.code() == ErrorCode::Timeout) throw;
+      noGraphs = error.what();
+      BRAID_WARN(Init, "ops on device buffers cannot be captured into CUDA graphs: %s",
+                 error.what());
+    }
+  }
   BRAID_INFO(Init,
              "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p), "
              "%d of other processes (cuda_ipc) and %d staged over tcp",

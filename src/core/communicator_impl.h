@@ -116,9 +116,9 @@ struct Communicator::Impl {
   // once the device passed them. Throws (completing their Work with the
   // error) when they cannot be enqueued.
   void executeOnDevice(PendingOp* ops, size_t count);
-  // Whether `ops` are being captured into a graph (their stream is): then
-  // the graph FIFOs exist on return (the first capture makes them, with
-  // every rank). Throws InvalidUsage for a group on several streams.
+  // Whether `ops` are being captured into a graph (their stream is).
+  // Throws InvalidUsage for a group on several streams, or a communicator
+  // without graph FIFOs (noGraphs says why).
   bool captureDevice(const PendingOp* ops, size_t count,
                      const std::vector<device::StreamHandle>& streams);
   // Collective: gives the communicator its device and device connections
@@ -194,6 +194,7 @@ struct Communicator::Impl {
   device::Device* device = nullptr;
   int deviceIndex = -1;
   std::string noDevice;
+  std::string noGraphs;  // why device ops cannot be captured into graphs ("" when they can)
   std::array<algo::Shape, kNumDataTypes> deviceShapes;  // chunks of half a device FIFO
   PlanCache devicePlans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
   // Registered windows (destroyed after the device executor, which waits

@@ -35,6 +35,10 @@ const std::vector<KnobInfo>& knobTable() {
        "bytes per FIFO slot of a device connection (cuda_ipc); a step's piece is at most this",
        nullptr},
       {"BRAID_DEVICE_SLOTS", "int", "4", "slots per FIFO of a device connection", nullptr},
+      {"BRAID_DEVICE_GRAPHS", "int", "1",
+       "1: a device communicator also sets up FIFOs (as large as the ordinary ones) for ops "
+       "captured into CUDA graphs; 0: it does not, and capturing its ops is refused",
+       nullptr},
       {"BRAID_EMULATED_PEER_ACCESS", "int", "1",
        "0: the emulated device's devices do not reach each other (FIFOs between them are then "
        "staged through host memory, as between GPUs without peer access)",
@@ -256,6 +260,7 @@ Knobs Knobs::resolve(const Config& config) {
       parseBytes(lookup(knob("BRAID_DEVICE_SLOT_BYTES")).first, "BRAID_DEVICE_SLOT_BYTES");
   knobs.deviceSlots =
       static_cast<int>(parseInt(lookup(knob("BRAID_DEVICE_SLOTS")).first, "BRAID_DEVICE_SLOTS"));
+  knobs.deviceGraphs = flag("BRAID_DEVICE_GRAPHS");
   if (knobs.deviceSlotBytes < 4096 || knobs.deviceSlotBytes % 64 != 0 ||
       knobs.deviceSlotBytes > (1u << 30))
     throw Error(ErrorCode::InvalidArgument,

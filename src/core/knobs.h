@@ -57,6 +57,7 @@ struct Knobs {
   int device;                // Config::device: the communicator's device, -1 = the current one
   size_t deviceSlotBytes;    // bytes per FIFO slot of a device connection
   int deviceSlots;           // slots per device FIFO
+  bool deviceGraphs;         // BRAID_DEVICE_GRAPHS: set up the FIFOs of ops captured in graphs
   size_t deviceChunkBytes;   // pipeline chunk of a device plan's step: half a device FIFO
 
   static Knobs resolve(const Config& config);

@@ -175,13 +175,11 @@ bool Communicator::Impl::captureDevice(const PendingOp* ops, size_t,
          format("%s: a group captured into a CUDA graph issues every op on the one stream being "
                 "captured (this group uses %zu streams, %zu of them capturing)",
                 ops[0].info.describe().c_str(), streams.size(), capturing));
-  // The first capture sets up the graph FIFOs, with every rank.
-  if (!deviceExecutor->hasGraphFifos()) {
-    const transport::Setup setup{*bootstrap, knobs.deviceSlotBytes, knobs.deviceSlots,
-                                 Clock::now() + knobs.timeout};
-    deviceExecutor->setGraphFifos(
-        transport::wireGraphDevice(setup, knobs.transports, *device, deviceIndex));
-  }
+  if (!deviceExecutor->hasGraphFifos())
+    fail(ErrorCode::InvalidUsage, rank,
+         format("%s: the stream is being captured into a CUDA graph, and this communicator "
+                "cannot capture device ops: %s",
+                ops[0].info.describe().c_str(), noGraphs.c_str()));
   return true;
 }
 

@@ -43,9 +43,10 @@ enum class Compare : uint8_t { GreaterOrEqual, Equal };
 // read when it runs. That is how work captured into a graph counts: its
 // counters live in device memory and advance on every replay (Add), where
 // an absolute value would be baked into the graph. A batch with a relative
-// operation or an Add runs as a kernel that polls for its waits (stream
-// memory operations take constants only); one without runs as stream
-// memory operations, which never occupy the device while they wait.
+// operation, an Add or an abort word runs as a kernel that polls for its
+// waits (stream memory operations take constants only); one without runs
+// as stream memory operations, which never occupy the device while they
+// wait.
 struct FlagOp {
   enum class Kind : uint8_t { Write, Wait, Add };
   Kind kind = Kind::Write;
@@ -53,19 +54,22 @@ struct FlagOp {
   uint32_t* flag = nullptr;                   // in device memory of this process (own or imported)
   uint32_t value = 0;
   const uint32_t* base = nullptr;  // non-null: relative to *base (device memory of this process)
+  // Non-null, for a wait: it also ends once *abort is not 0 (how a failed
+  // communicator releases graph replays, which no host counter describes).
+  const uint32_t* abort = nullptr;
 
   static FlagOp write(uint32_t* flag, uint32_t value, const uint32_t* base = nullptr) {
-    return {Kind::Write, Compare::GreaterOrEqual, flag, value, base};
+    return {Kind::Write, Compare::GreaterOrEqual, flag, value, base, nullptr};
   }
   static FlagOp wait(uint32_t* flag, uint32_t value, Compare compare = Compare::GreaterOrEqual,
                      const uint32_t* base = nullptr) {
-    return {Kind::Wait, compare, flag, value, base};
+    return {Kind::Wait, compare, flag, value, base, nullptr};
   }
   // *counter += value (wrapping); no other process writes `counter`.
   static FlagOp add(uint32_t* counter, uint32_t value) {
-    return {Kind::Add, Compare::GreaterOrEqual, counter, value, nullptr};
+    return {Kind::Add, Compare::GreaterOrEqual, counter, value, nullptr, nullptr};
   }
-  bool polled() const { return base != nullptr || kind == Kind::Add; }
+  bool polled() const { return base != nullptr || abort != nullptr || kind == Kind::Add; }
 };
 
 // dst = srcs[0] op srcs[1] op ... op srcs[n-1], elementwise over `count`

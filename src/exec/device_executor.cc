@@ -106,13 +106,18 @@ bool DeviceExecutor::hasGraphFifos() {
 }
 
 void DeviceExecutor::setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs) {
-  // Its counters: sent, then received, a word per peer, zeroed.
+  // Its counters, zeroed: sent, then received, a word per peer, then the
+  // abort word.
   auto* counters = static_cast<uint32_t*>(
-      device_.allocate(deviceIndex_, 2 * static_cast<size_t>(nranks_) * sizeof(uint32_t)));
+      device_.allocate(deviceIndex_, (2 * static_cast<size_t>(nranks_) + 1) * sizeof(uint32_t)));
   std::lock_guard<std::mutex> lock(mutex_);
   graphTransport_ = std::move(graphs);
-  graphs_ = {graphTransport_.get(), graphTransport_->slotBytes(),
-             static_cast<uint64_t>(graphTransport_->slots()), counters, counters + nranks_};
+  graphs_ = {graphTransport_.get(),
+             graphTransport_->slotBytes(),
+             static_cast<uint64_t>(graphTransport_->slots()),
+             counters,
+             counters + nranks_,
+             counters + 2 * nranks_};
 }
 
 DeviceExecutor::~DeviceExecutor() {
@@ -124,6 +129,19 @@ DeviceExecutor::~DeviceExecutor() {
     transport_->announceFailure(-1, false);
   else
     transport_->sayGoodbye();
+  // Graph replays may still be queued: after a failure they are released
+  // and the memory they use is left mapped (leaked), not pulled from under
+  // them.
+  if (captured_ && (failure_ || aborted_.load(std::memory_order_relaxed)) && !abandoned_) {
+    try {
+      releaseGraphWaits();
+    } catch (const Error& error) {
+      BRAID_WARN(Exec, "device executor: releasing graph replays failed: %s", error.what());
+    }
+    graphTransport_->keepMemory();
+    graphMemory_.clear();
+    graphs_.sent = nullptr;
+  }
   stopping_ = true;
   lock.unlock();
   changed_.notify_all();
@@ -275,13 +293,17 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
                 what.c_str()));
   std::stable_partition(lanes, lanes + count,
                         [](const DeviceLane& lane) { return !lane.pointToPoint; });
-  // Scratch of its own: replays run whenever the graph is launched.
+  // Scratch apart from the ordinary ops' (replays run whenever a graph is
+  // launched), shared by every captured op (replays run one at a time per
+  // communicator); an area outgrown stays for the graphs that use it.
   size_t need = 0;
   for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
-  auto* scratch = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
-  graphMemory_.push_back(scratch);
+  if (need > graphScratchBytes_) {
+    graphMemory_.push_back(static_cast<std::byte*>(device_.allocate(deviceIndex_, need)));
+    graphScratchBytes_ = need;
+  }
   for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i]), ++i)
-    lanes[i].scratch = scratch + at;
+    lanes[i].scratch = graphMemory_.back() + at;
 
   // Message numbers count from 0 within the op; the device counters say
   // where each replay starts.
@@ -316,10 +338,20 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
         pendingFlags_.push_back(FlagOp::add(graphs_.received + peer, low(c->recv.next)));
     }
     flushFlags();
-  } catch (...) {
+  } catch (const std::exception& error) {
+    // Part of the op may be in the graph, its counters never advanced: the
+    // communicator fails (and a replay of that graph is released).
     ch_ = &main_;
     pendingFlags_.clear();
-    throw;
+    captured_ = true;
+    const auto* known = dynamic_cast<const Error*>(&error);
+    Error failed(known ? known->code() : ErrorCode::Internal,
+                 format("braid rank %d: %s: capturing into a CUDA graph failed: %s", rank_,
+                        what.c_str(), error.what()));
+    failAll(failed, -1, false);
+    lock.unlock();
+    changed_.notify_all();
+    throw failed;
   }
   ch_ = &main_;
   captured_ = true;
@@ -415,8 +447,14 @@ device::StreamHandle DeviceExecutor::sendStream() {
 
 void DeviceExecutor::flushFlags() {
   if (pendingFlags_.empty()) return;
+  if (ch_->abort)  // a replay's waits end when the communicator fails
+    for (FlagOp& op : pendingFlags_)
+      if (op.kind == FlagOp::Kind::Wait) op.abort = ch_->abort;
   device_.flagOps(pendingStream_, pendingFlags_.data(), pendingFlags_.size());
   pendingFlags_.clear();
+  // The stream may run what is enqueued at once, before the op is whole: a
+  // proxy learns now what is coming.
+  if (ch_ == &main_) transport_->enqueued();
 }
 
 void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
@@ -643,17 +681,7 @@ void DeviceExecutor::releaseWaits() {
   ++releaseTurn_;
 }
 
-void DeviceExecutor::releaseGraphWaits() {
-  // Past anything a replay waits for: its waits are at most a 2^30
-  // messages ahead of the counters they are relative to.
-  constexpr uint32_t kAhead = 1u << 30;
-  for (int peer = 0; peer < nranks_; ++peer) {
-    transport::DeviceConnection* c = graphs_.transport->connection(peer);
-    if (!c) continue;
-    device_.writeFlagNow(c->recv.filled, device_.readFlagNow(graphs_.received + peer) + kAhead);
-    device_.writeFlagNow(c->send.credit, device_.readFlagNow(graphs_.sent + peer) + kAhead);
-  }
-}
+void DeviceExecutor::releaseGraphWaits() { device_.writeFlagNow(graphs_.abort, 1); }
 
 Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
   const std::string op =
@@ -878,7 +906,10 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
     // are released until the stream has passed them all (and a graph's
     // for as long as the communicator lives: replays come unannounced).
     releaseWaits();
-    if (captured_ && !abandoned_) releaseGraphWaits();
+    if (captured_ && !abandoned_ && !graphsReleased_) {
+      releaseGraphWaits();
+      graphsReleased_ = true;
+    }
     passed = 0;
     while (passed < ops_.size() && device_.query(ops_[passed].end)) ++passed;
   }

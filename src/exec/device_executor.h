@@ -119,8 +119,8 @@ class DeviceExecutor {
   // (one staged over tcp), or grouped sends and receives (which need a
   // second stream). REQUIRES: hasGraphFifos().
   void enqueueCaptured(DeviceLane* lanes, size_t count, device::StreamHandle stream);
-  // The graph FIFOs: made by the communicator (collectively) at the first
-  // capture, of the ordinary FIFOs' shape, so that every plan fits them.
+  // The graph FIFOs: made by the communicator (collectively, at its
+  // creation), of the ordinary FIFOs' shape, so that every plan fits them.
   bool hasGraphFifos();
   void setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs);
 
@@ -173,7 +173,7 @@ class DeviceExecutor {
     return ch_->received ? ch_->received + peer : nullptr;
   }
   // After a failure: releases every wait of a graph replay, now and for
-  // replays still to come.
+  // replays still to come (the abort word; nothing a peer writes undoes it).
   void releaseGraphWaits();
   void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
@@ -223,6 +223,7 @@ class DeviceExecutor {
     uint64_t slots = 0;
     uint32_t* sent = nullptr;
     uint32_t* received = nullptr;
+    uint32_t* abort = nullptr;  // not 0: every wait of a replay passes (the communicator failed)
   };
   Channel main_;
 
@@ -238,8 +239,10 @@ class DeviceExecutor {
   device::StreamHandle sends_ = nullptr;          // groups' sends (made on first use)
   Op* lowering_ = nullptr;                        // the op lowerPiece() adds to
   size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
-  std::vector<std::byte*> graphMemory_;           // captured ops' scratch
+  std::vector<std::byte*> graphMemory_;           // captured ops' scratch areas, newest last
+  size_t graphScratchBytes_ = 0;                  // the newest one's size
   bool captured_ = false;                         // an op was captured: graph replays may run
+  bool graphsReleased_ = false;                   // the abort word was written
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
   int brokenTurns_ = 0;                     // watchdog turns in a row that a device call failed

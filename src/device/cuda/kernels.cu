@@ -248,7 +248,8 @@ bool sameOffset(const void* a, const void* b, size_t alignment) {
 
 struct PolledOp {
   uint32_t* flag;
-  const uint32_t* base;  // null: absolute
+  const uint32_t* base;   // null: absolute
+  const uint32_t* abort;  // null: none
   uint32_t value;
   uint8_t kind;  // FlagOp::Kind
   uint8_t equal;
@@ -282,6 +283,7 @@ __global__ void polledFlags(PolledBatch batch) {
         for (;;) {
           const uint32_t seen = loadSystem(op.flag);
           if (op.equal ? seen == value : static_cast<int32_t>(seen - value) >= 0) break;
+          if (op.abort && loadSystem(op.abort) != 0) break;
           __nanosleep(200);
         }
         __threadfence_system();
@@ -298,7 +300,11 @@ int launchPolledFlags(void* stream, const FlagOp* ops, size_t count) {
     batch.count = static_cast<uint32_t>(count - done < kPolledOps ? count - done : kPolledOps);
     for (uint32_t i = 0; i < batch.count; ++i) {
       const FlagOp& op = ops[done + i];
-      batch.ops[i] = {op.flag, op.base, op.value, static_cast<uint8_t>(op.kind),
+      batch.ops[i] = {op.flag,
+                      op.base,
+                      op.abort,
+                      op.value,
+                      static_cast<uint8_t>(op.kind),
                       static_cast<uint8_t>(op.compare == Compare::Equal ? 1 : 0)};
     }
     polledFlags<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(batch);

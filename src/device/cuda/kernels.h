@@ -47,7 +47,8 @@ int launchCopy(void* stream, void* dst, const void* src, size_t bytes, int smCou
 // Enqueues on `stream` one single-thread kernel per kPolledOps operations
 // that runs them in order: writes after a system-scope fence, Adds, and
 // waits that poll the flag (sleeping ~200 ns between looks) until it
-// passes, each value taken relative to *op.base where there is one. For
+// passes (or, with an abort word, until that is not 0), each value taken
+// relative to *op.base where there is one. For
 // the batches a stream memory operation cannot express (FlagOp::polled()).
 // Returns the launch's cudaError_t as an int.
 // REQUIRES: every flag and base in memory the current device can access.

@@ -67,6 +67,18 @@ void waitFor(const uint32_t* word, uint32_t value, Compare compare) {
   }
 }
 
+// Returns once passes(*word, value, compare) or *abort is not 0. The
+// abort word is written by the host without a wake-up for `word`, so the
+// sleeps are short.
+void waitForOrAbort(const uint32_t* word, uint32_t value, Compare compare, const uint32_t* abort) {
+  const timespec slice{0, 1'000'000};
+  for (;;) {
+    const uint32_t seen = load(word);
+    if (passes(seen, value, compare) || load(abort) != 0) return;
+    ::syscall(SYS_futex, word, FUTEX_WAIT, seen, &slice, nullptr, 0);
+  }
+}
+
 // ---- Streams and events.
 
 // An in-order queue of tasks run by one worker thread. Destroying a stream
@@ -364,7 +376,10 @@ class EmulatedDevice final : public Device {
             storeAndWake(op.flag, value);
             break;
           case FlagOp::Kind::Wait:
-            waitFor(op.flag, value, op.compare);
+            if (op.abort)
+              waitForOrAbort(op.flag, value, op.compare, op.abort);
+            else
+              waitFor(op.flag, value, op.compare);
             break;
           case FlagOp::Kind::Add:
             storeAndWake(op.flag, load(op.flag) + op.value);
