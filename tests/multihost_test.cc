@@ -1,9 +1,7 @@
-// Ranks on two "hosts": two network namespaces joined by a veth pair, with
-// loopback-range addresses (127.77.0.1 and 127.77.0.2) routed across it. The
-// test makes the namespaces itself and removes them; it skips when it cannot
-// (not root, no `ip`, no namespace support). A rank that also takes a
-// hostname of its own (a UTS namespace) is on another host as braid sees
-// it: no shared memory or device memory mapping with the other host.
+// Ranks on several "hosts": network namespaces joined through a bridge
+// (tests/netns_hosts.h), which braid tells apart as hosts. Each test makes
+// its namespaces and removes them; it skips when it cannot (not root, no
+// `ip`, no namespace support).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -21,119 +19,21 @@
 #include "device/device.h"
 #include "device_cases.h"
 #include "multirank.h"
+#include "netns_hosts.h"
 
 namespace braid::testing {
 namespace {
 
-bool run(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Two namespaces "<prefix>a" and "<prefix>b", each with one end of a veth
-// pair named "bra"/"brb" holding 127.77.0.1/24 and 127.77.0.2/24.
-class TwoHosts {
- public:
-  TwoHosts() : prefix_("braid" + std::to_string(::getpid())) {
-    if (::geteuid() != 0) {
-      why_ = "needs root to create network namespaces";
-      return;
-    }
-    const std::string a = prefix_ + "a", b = prefix_ + "b";
-    std::vector<std::string> steps = {
-        "ip netns add " + a,
-        "ip netns add " + b,
-        "ip link add bra netns " + a + " type veth peer name brb netns " + b,
-    };
-    for (const std::string& ns : {a, b}) {
-      std::string dev = ns == a ? "bra" : "brb";
-      std::string address = ns == a ? "127.77.0.1/24" : "127.77.0.2/24";
-      steps.push_back("ip netns exec " + ns + " ip link set lo up");
-      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf.all.route_localnet=1");
-      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf." + dev +
-                      ".route_localnet=1");
-      steps.push_back("ip netns exec " + ns + " ip addr add " + address + " dev " + dev);
-      steps.push_back("ip netns exec " + ns + " ip link set " + dev + " up");
-    }
-    for (const std::string& step : steps) {
-      if (!run(step)) {
-        why_ = "could not set up network namespaces (" + step + ")";
-        return;
-      }
-    }
-    ready_ = probe();
-    if (!ready_) why_ = "the veth pair does not carry loopback-range traffic here";
-  }
-  ~TwoHosts() {
-    run("ip netns del " + prefix_ + "a");
-    run("ip netns del " + prefix_ + "b");
-  }
-
-  bool ready() const { return ready_; }
-  const std::string& why() const { return why_; }
-
-  // Moves the calling thread into host 0 ("a") or 1 ("b").
-  void enter(int host) const {
-    std::string path = "/var/run/netns/" + prefix_ + (host == 0 ? "a" : "b");
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    require(fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0, "cannot enter " + path);
-    ::close(fd);
-  }
-
-  // Also gives the calling process host `host`'s own hostname, so that
-  // braid's host identity (hostname + boot id) tells the two apart.
-  void becomeHost(int host) const {
-    enter(host);
-    const std::string name = prefix_ + (host == 0 ? "-host-a" : "-host-b");
-    require(::unshare(CLONE_NEWUTS) == 0 && ::sethostname(name.data(), name.size()) == 0,
-            "cannot take hostname " + name);
-  }
-
-  // Runs `body` inside host `host`, then returns to this process's own
-  // namespace. Sockets made inside stay in that host.
-  template <typename Body>
-  void inside(int host, Body body) const {
-    int home = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    require(home >= 0, "cannot open /proc/self/ns/net");
-    enter(host);
-    body();
-    require(::setns(home, CLONE_NEWNET) == 0, "cannot return to the home namespace");
-    ::close(home);
-  }
-
- private:
-  // One TCP connection from host a to host b.
-  bool probe() const {
-    try {
-      std::optional<net::Listener> listener;
-      inside(1, [&] { listener.emplace(net::Address::parse("127.77.0.2:0", "probe")); });
-      bool connected = false;
-      inside(0, [&] {
-        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-        connected = net::Socket::connect(listener->address(), deadline, "probe").valid();
-      });
-      return connected;
-    } catch (const std::exception&) {
-      return false;
-    } catch (const RankFailure&) {
-      return false;
-    }
-  }
-
-  std::string prefix_;
-  std::string why_;
-  bool ready_ = false;
-};
-
 TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
-  TwoHosts hosts;
+  NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
 
-  // The root lives in rank 0, inside host 0.
+  // The root lives in rank 0, inside host 0. No transport is forced: the
+  // namespaces are two hosts to braid, so every pair takes tcp.
   RunOptions options;
   options.idConfig = Config{};
-  options.idConfig->socketIfname = "bra";
+  options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";  // each rank uses the interface that routes to the root
-  options.config.transports = "tcp";
   options.config.timeout = std::chrono::seconds(30);
   options.deadline = std::chrono::seconds(60);
   options.enter = [&](int rank) { hosts.enter(rank % 2); };
@@ -143,7 +43,10 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
         const int n = comm.size(), r = comm.rank();
         auto names = detail::peerTransports(comm);
         for (int p = 0; p < n; ++p)
-          require(names[p] == (p == r ? "self" : "tcp"), "every peer is reached over tcp");
+          require(names[p] == (p == r           ? "self"
+                               : p % 2 == r % 2 ? "shm"
+                                                : "tcp"),
+                  format("rank %d is reached over %s", p, names[p].c_str()));
         std::vector<int64_t> in(1 << 20), out(1 << 20);
         for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (r + 1);
         comm.allReduce(in.data(), out.data(), in.size(), DataType::Int64, ReduceOp::Sum);
@@ -159,18 +62,17 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
 }
 
 TEST(MultiHost, SocketIfnameSelectsTheInterface) {
-  TwoHosts hosts;
+  NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
   RunOptions options;
   options.idConfig = Config{};
-  options.idConfig->socketIfname = "bra";
-  options.config.transports = "tcp";  // the namespaces share one kernel, so shm would work too
+  options.idConfig->socketIfname = "eth0";
   options.enter = [&](int rank) { hosts.enter(rank); };
   runProcesses(
       2,
       [](int rank, const UniqueId& id, const Config& base) {
         Config config = base;
-        config.socketIfname = rank == 0 ? "bra" : "brb";
+        config.socketIfname = "eth0";
         Communicator comm = Communicator::init(2, rank, id, config);
         int32_t x = rank + 1, sum = 0;
         comm.allReduce(&x, &sum, 1, DataType::Int32, ReduceOp::Sum);
@@ -188,22 +90,66 @@ TEST(MultiHost, SocketIfnameSelectsTheInterface) {
       options);
 }
 
+// Four hosts of two ranks each (rank r on host r % 4): shm between the
+// two ranks of a host, tcp between hosts, chosen from the host identities
+// alone; every collective right, at sizes that cross many slots.
+TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
+  NamespaceHosts hosts(4);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "eth0";
+  options.config.socketIfname = "";
+  options.config.timeout = std::chrono::seconds(30);
+  options.deadline = std::chrono::seconds(120);
+  options.enter = [&](int rank) { hosts.enter(rank % 4); };
+  runRanks(
+      8,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank();
+        const auto names = detail::peerTransports(comm);
+        for (int p = 0; p < n; ++p)
+          require(names[p] == (p == r           ? "self"
+                               : p % 4 == r % 4 ? "shm"
+                                                : "tcp"),
+                  format("rank %d is reached over %s", p, names[p].c_str()));
+        const size_t count = (1 << 19) + 3;
+        std::vector<int64_t> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<int64_t>(i % 1000) * (r + 1);
+        comm.allReduce(in.data(), out.data(), count, DataType::Int64, ReduceOp::Sum);
+        for (size_t i = 0; i < count; ++i)
+          require(out[i] == static_cast<int64_t>(i % 1000) * n * (n + 1) / 2,
+                  format("all-reduce element %zu is %lld", i, static_cast<long long>(out[i])));
+        std::vector<float> part(4099, static_cast<float>(r)), all(4099 * n, -1);
+        comm.allGather(part.data(), all.data(), part.size(), DataType::Float32);
+        for (int q = 0; q < n; ++q)
+          require(all[q * 4099 + 4098] == static_cast<float>(q), "all-gather across hosts");
+        std::vector<float> scattered(4099, -1), whole(4099 * n, 1.0f);
+        comm.reduceScatter(whole.data(), scattered.data(), 4099, DataType::Float32, ReduceOp::Sum);
+        require(scattered[17] == static_cast<float>(n), "reduce-scatter across hosts");
+        float value = r == 5 ? 42.0f : 0.0f;
+        comm.broadcast(&value, &value, 1, DataType::Float32, 5);
+        require(value == 42.0f, "broadcast from another host");
+      },
+      options);
+}
+
 // Device buffers between hosts are staged through host memory over tcp;
 // within a host they go through device memory both ranks map. Four ranks,
 // two per host (ranks 0 and 2 on one, 1 and 3 on the other), so every
 // collective mixes both paths and each ring step crosses hosts.
 TEST(MultiHost, DeviceBuffersAcrossHostsAreStagedOverTcp) {
-  TwoHosts hosts;
+  NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
   ::setenv("BRAID_DEVICE_SLOT_BYTES", "64K", 1);  // many slots in flight per op
   RunOptions options;
   options.idConfig = Config{};
-  options.idConfig->socketIfname = "bra";
+  options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";
   options.config.timeout = std::chrono::seconds(30);
   options.deadline = std::chrono::seconds(300);
   options.enter = [&](int rank) {
-    hosts.becomeHost(rank % 2);
+    hosts.enter(rank % 2);
     device::select("emulated");
   };
   runRanks(

@@ -29,7 +29,7 @@ std::vector<std::string> splitList(const std::string& text) {
 // Whether `name` can carry traffic between ranks `a` and `b`: the same
 // answer whichever asks.
 bool canReach(const std::string& name, const bootstrap::Bootstrap& bootstrap, int a, int b) {
-  if (name == "shm")  // same host: same hostname and boot id
+  if (name == "shm")  // same host: same hostname, boot id and network namespace
     return bootstrap.table()[a].hostId == bootstrap.table()[b].hostId;
   return name == "tcp";  // tcp reaches every peer that the bootstrap reached
 }

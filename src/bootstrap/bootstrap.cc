@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -246,6 +247,12 @@ std::string localHostId() {
   std::ifstream bootIdFile("/proc/sys/kernel/random/boot_id");
   std::string bootId;
   if (std::getline(bootIdFile, bootId) && !bootId.empty()) id += "/" + bootId;
+  // So does the network namespace: processes in different ones (containers,
+  // or a test's namespace hosts) share no loopback and no abstract sockets,
+  // and are treated as on different hosts.
+  struct stat ns {};
+  if (::stat("/proc/self/ns/net", &ns) == 0)
+    id += "/net:" + std::to_string(static_cast<unsigned long long>(ns.st_ino));
   return id;
 }
 

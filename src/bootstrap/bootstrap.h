@@ -49,10 +49,11 @@ void startRoot(net::Listener listener, uint64_t secret, std::chrono::millisecond
 // One rank's entry in the table.
 struct PeerInfo {
   net::Address listen;  // where this rank accepts OOB and transport connections
-  std::string hostId;   // hostname + boot id: equal means "same host"
+  std::string hostId;   // hostname + boot id + network namespace: equal means "same host"
 };
 
-// The host identity of this machine (hostname + kernel boot id).
+// The host identity of this machine (hostname + kernel boot id + network
+// namespace).
 std::string localHostId();
 
 // Why a connection to a rank's listener was opened. Transports use their own

@@ -1,0 +1,132 @@
+// "Hosts" for multi-host tests on one machine: network namespaces joined
+// through a bridge. Host i is namespace "<prefix>h<i>" with one end of a
+// veth pair ("eth0", 127.77.0.<i+1>/24, loopback-range addresses routed
+// across it); the other ends sit on a bridge in namespace "<prefix>br".
+// braid's host identity includes the network namespace, so ranks in
+// different namespace hosts are on different hosts as braid sees it (no
+// shm or device memory mapping between them) although they share the
+// kernel, the IPC namespace and /dev/shm.
+//
+// The harness makes the namespaces itself and removes them all when it
+// goes; it reports why it cannot (not root, no `ip`, no namespace or
+// bridge support) and the test then skips saying so.
+#pragma once
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bootstrap/socket.h"
+#include "multirank.h"
+
+namespace braid::testing {
+
+class NamespaceHosts {
+ public:
+  explicit NamespaceHosts(int hosts)
+      : prefix_("braid" + std::to_string(::getpid())), hosts_(hosts) {
+    if (::geteuid() != 0) {
+      why_ = "needs root to create network namespaces";
+      return;
+    }
+    const std::string bridge = prefix_ + "br";
+    std::vector<std::string> steps = {
+        "ip netns add " + bridge,
+        "ip netns exec " + bridge + " ip link add br0 type bridge",
+        "ip netns exec " + bridge + " ip link set br0 up",
+    };
+    for (int h = 0; h < hosts; ++h) {
+      const std::string ns = name(h), port = "p" + std::to_string(h);
+      steps.push_back("ip netns add " + ns);
+      steps.push_back("ip link add eth0 netns " + ns + " type veth peer name " + port + " netns " +
+                      bridge);
+      steps.push_back("ip netns exec " + bridge + " ip link set " + port + " master br0");
+      steps.push_back("ip netns exec " + bridge + " ip link set " + port + " up");
+      steps.push_back("ip netns exec " + ns + " ip link set lo up");
+      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf.all.route_localnet=1");
+      steps.push_back("ip netns exec " + ns + " sysctl -qw net.ipv4.conf.eth0.route_localnet=1");
+      steps.push_back("ip netns exec " + ns + " ip addr add " + address(h) + "/24 dev eth0");
+      steps.push_back("ip netns exec " + ns + " ip link set eth0 up");
+    }
+    for (const std::string& step : steps) {
+      if (!run(step)) {
+        why_ = "could not set up network namespaces (" + step + ")";
+        return;
+      }
+    }
+    ready_ = probe();
+    if (!ready_) why_ = "the bridge does not carry loopback-range traffic between namespaces here";
+  }
+  ~NamespaceHosts() {
+    for (int h = 0; h < hosts_; ++h) run("ip netns del " + name(h));
+    run("ip netns del " + prefix_ + "br");
+  }
+  NamespaceHosts(const NamespaceHosts&) = delete;
+  NamespaceHosts& operator=(const NamespaceHosts&) = delete;
+
+  bool ready() const { return ready_; }
+  const std::string& why() const { return why_; }
+  int size() const { return hosts_; }
+  std::string name(int host) const { return prefix_ + "h" + std::to_string(host); }
+  // Host `host`'s address, e.g. "127.77.0.1".
+  static std::string address(int host) { return "127.77.0." + std::to_string(host + 1); }
+
+  // Moves the calling thread (a forked rank: its process) into `host`.
+  void enter(int host) const {
+    const std::string path = "/var/run/netns/" + name(host);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    require(fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0, "cannot enter " + path);
+    ::close(fd);
+  }
+
+  // Runs `body` inside `host`, then returns to this thread's own
+  // namespace. Sockets made inside stay in that host.
+  template <typename Body>
+  void inside(int host, Body body) const {
+    const int home = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    require(home >= 0, "cannot open /proc/self/ns/net");
+    enter(host);
+    body();
+    require(::setns(home, CLONE_NEWNET) == 0, "cannot return to the home namespace");
+    ::close(home);
+  }
+
+ private:
+  static bool run(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }
+
+  // A TCP connection from the first host to every other.
+  bool probe() const {
+    try {
+      for (int h = 1; h < hosts_; ++h) {
+        std::optional<net::Listener> listener;
+        inside(h, [&] { listener.emplace(net::Address::parse(address(h) + ":0", "probe")); });
+        bool connected = false;
+        inside(0, [&] {
+          auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+          connected = net::Socket::connect(listener->address(), deadline, "probe").valid();
+        });
+        if (!connected) return false;
+      }
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    } catch (const RankFailure&) {
+      return false;
+    }
+  }
+
+  std::string prefix_;
+  int hosts_;
+  std::string why_;
+  bool ready_ = false;
+};
+
+}  // namespace braid::testing

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Ranks started inside namespace hosts the way a launcher on each host would
+# start them: `ip netns exec HOST env BRAID_RANK=.. BRAID_WORLD_SIZE=..
+# BRAID_ROOT=host0:port PROGRAM`, two hosts (network namespaces on a
+# bridge, loopback-range addresses) of two ranks each. Checks that braid-info
+# --peers sees shm within a host and tcp between hosts, and that braid-perf
+# runs every collective with no wrong element. Exit 77 (skipped) where the
+# namespaces cannot be made.
+#   check_netns_launch.sh BIN_DIR
+set -uo pipefail
+bin=$1
+prefix="braidl$$"
+hosts=2
+ranksPerHost=2
+nranks=$((hosts * ranksPerHost))
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "skipped: needs root to create network namespaces"
+  exit 77
+fi
+cleanup() {
+  for ((h = 0; h < hosts; ++h)); do ip netns del "${prefix}h$h" 2>/dev/null; done
+  ip netns del "${prefix}br" 2>/dev/null
+}
+trap cleanup EXIT
+setup() {
+  ip netns add "${prefix}br" &&
+    ip netns exec "${prefix}br" ip link add br0 type bridge &&
+    ip netns exec "${prefix}br" ip link set br0 up || return 1
+  for ((h = 0; h < hosts; ++h)); do
+    local ns="${prefix}h$h"
+    ip netns add "$ns" &&
+      ip link add eth0 netns "$ns" type veth peer name "p$h" netns "${prefix}br" &&
+      ip netns exec "${prefix}br" ip link set "p$h" master br0 &&
+      ip netns exec "${prefix}br" ip link set "p$h" up &&
+      ip netns exec "$ns" ip link set lo up &&
+      ip netns exec "$ns" sysctl -qw net.ipv4.conf.all.route_localnet=1 &&
+      ip netns exec "$ns" sysctl -qw net.ipv4.conf.eth0.route_localnet=1 &&
+      ip netns exec "$ns" ip addr add "127.77.0.$((h + 1))/24" dev eth0 &&
+      ip netns exec "$ns" ip link set eth0 up || return 1
+  done
+}
+if ! setup >/dev/null 2>&1; then
+  echo "skipped: could not set up network namespaces here"
+  exit 77
+fi
+
+failures=0
+# launch NAME PROGRAM ARGS...: every rank in its host (rank r on host r /
+# ranksPerHost), the root in rank 0; rank r's output in $out/NAME.r.
+out=$(mktemp -d)
+launch() {
+  local name=$1
+  shift
+  local port=$((20000 + RANDOM % 20000)) pids=()
+  for ((r = 0; r < nranks; ++r)); do
+    ip netns exec "${prefix}h$((r / ranksPerHost))" env BRAID_RANK=$r BRAID_WORLD_SIZE=$nranks \
+      BRAID_ROOT="127.77.0.1:$port" BRAID_SOCKET_IFNAME=eth0 BRAID_TIMEOUT=30 \
+      timeout 120 "$@" >"$out/$name.$r" 2>&1 &
+    pids+=($!)
+  done
+  local status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return $status
+}
+
+if launch peers "$bin/braid-info" --peers; then
+  # Row r of the matrix: "  r  self  shm  tcp  tcp" (rank 0, hosts of two).
+  bad=$(awk -v per=$ranksPerHost -v n=$nranks '
+    /^transport from rank/ { table = 1; next }
+    table && $1 ~ /^[0-9]+$/ && $2 !~ /^[0-9]+$/ {
+      r = $1
+      for (p = 0; p < NF - 1; ++p) {
+        want = p == r ? "self" : int(p / per) == int(r / per) ? "shm" : "tcp"
+        if ($(p + 2) != want) { print "rank " r " reaches " p " by " $(p + 2) ", not " want; exit }
+      }
+      if (++rows == n) exit
+    }' "$out/peers.0")
+  if [ -n "$bad" ]; then
+    echo "FAIL braid-info --peers across namespace hosts: $bad"
+    cat "$out/peers.0"
+    failures=$((failures + 1))
+  else
+    echo "ok   braid-info --peers: shm within a namespace host, tcp between them"
+  fi
+else
+  echo "FAIL braid-info --peers under ip netns exec"
+  tail -5 "$out"/peers.*
+  failures=$((failures + 1))
+fi
+
+if launch perf "$bin/braid-perf" -a -b 8 -e 4M -f 16 -n 3 -w 1 &&
+  grep -q 'Out of bounds values : 0 OK' "$out/perf.0"; then
+  echo "ok   braid-perf -a, 2 hosts x 2 ranks started with ip netns exec"
+else
+  echo "FAIL braid-perf -a across namespace hosts"
+  tail -5 "$out"/perf.*
+  failures=$((failures + 1))
+fi
+rm -rf "$out"
+[ "$failures" -eq 0 ]
