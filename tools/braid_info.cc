@@ -215,6 +215,18 @@ int printPeers() {
 
   std::printf("%d ranks\n", n);
   for (int r = 0; r < n; ++r) std::printf("  rank %d: host %s\n", r, hosts[r].c_str());
+  // The hosts, in order of their first rank, with the ranks each holds.
+  std::vector<std::string> distinct;
+  for (const std::string& host : hosts)
+    if (std::find(distinct.begin(), distinct.end(), host) == distinct.end())
+      distinct.push_back(host);
+  std::printf("%zu host%s:\n", distinct.size(), distinct.size() == 1 ? "" : "s");
+  for (size_t h = 0; h < distinct.size(); ++h) {
+    std::printf("  host %zu: ranks", h);
+    for (int r = 0; r < n; ++r)
+      if (hosts[r] == distinct[h]) std::printf(" %d", r);
+    std::printf("\n");
+  }
   std::printf("transport from rank (row) to rank (column):\n");
   size_t width = std::to_string(n - 1).size();
   for (const std::string& t : matrix) width = std::max(width, t.size());

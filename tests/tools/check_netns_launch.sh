@@ -76,6 +76,11 @@ if launch peers "$bin/braid-info" --peers; then
       }
       if (++rows == n) exit
     }' "$out/peers.0")
+  # And the hosts with their ranks.
+  if [ -z "$bad" ] && ! grep -q '^2 hosts:' "$out/peers.0"; then bad="no '2 hosts:' line"; fi
+  if [ -z "$bad" ] && ! grep -q '^  host 1: ranks 2 3$' "$out/peers.0"; then
+    bad="host 1 does not hold ranks 2 and 3"
+  fi
   if [ -n "$bad" ]; then
     echo "FAIL braid-info --peers across namespace hosts: $bad"
     cat "$out/peers.0"
