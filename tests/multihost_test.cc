@@ -5,12 +5,15 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/socket.h"
@@ -132,6 +135,86 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
         require(value == 42.0f, "broadcast from another host");
       },
       options);
+}
+
+// Network faults between two namespace hosts, in the middle of all-reduce
+// loops over tcp, each at three moments: the link taken down; a silent
+// partition (blackhole routes both ways: packets vanish, the link stays
+// up); and host 1 torn down (its link deleted, then its rank killed, as a
+// machine that loses power). Every surviving rank fails within the timeout
+// plus 2 s, naming the other, and nothing hangs.
+TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
+  struct Flag {
+    std::atomic<int> down;
+  };
+  for (const std::string kind : {"link down", "blackhole", "host torn down"})
+    for (const auto moment : {std::chrono::milliseconds(300), std::chrono::milliseconds(900),
+                              std::chrono::milliseconds(1700)}) {
+      NamespaceHosts hosts(2);
+      if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+      const std::string label =
+          kind + format(" at %lld ms", static_cast<long long>(moment.count()));
+      constexpr auto kTimeout = std::chrono::seconds(3);
+      SharedWithRanks<Flag> flag;
+      std::atomic<int>* torn = &flag->down;
+      RunOptions options;
+      options.idConfig = Config{};
+      options.idConfig->socketIfname = "eth0";
+      options.config.socketIfname = "";
+      options.config.timeout = kTimeout;
+      options.deadline = std::chrono::seconds(60);
+      options.enter = [&](int rank) { hosts.enter(rank); };
+      if (kind == "host torn down") options.killed = {1};
+      std::thread fault([&] {
+        std::this_thread::sleep_for(moment);
+        auto in = [&](int h, const std::string& command) {
+          std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
+        };
+        if (kind == "link down") {
+          in(1, "ip link set eth0 down");
+        } else if (kind == "blackhole") {
+          for (int h = 0; h < 2; ++h)
+            in(h, "ip route add blackhole " + NamespaceHosts::address(1 - h) + "/32");
+        } else {
+          in(1, "ip link del eth0");
+          torn->store(1);
+        }
+      });
+      runRanks(
+          2,
+          [&](Communicator& comm) {
+            const int peer = 1 - comm.rank();
+            if (kind == "host torn down" && comm.rank() == 1)
+              std::thread([torn] {
+                while (torn->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                ::kill(::getpid(), SIGKILL);
+              }).detach();
+            std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
+            const auto start = std::chrono::steady_clock::now();
+            auto lastGood = start;
+            try {
+              for (;;) {
+                comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+                require(out[100] == 2.0f, label + ": a wrong sum before the fault");
+                lastGood = std::chrono::steady_clock::now();
+                require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
+              }
+            } catch (const Error& error) {
+              const auto failedAfter = std::chrono::steady_clock::now() - lastGood;
+              const std::string what = error.what();
+              require(
+                  what.find(format("rank %d", peer)) != std::string::npos ||
+                      what.find(format("peer %d", peer)) != std::string::npos,
+                  label + ": the error does not name rank " + std::to_string(peer) + ": " + what);
+              require(failedAfter < kTimeout + std::chrono::seconds(2),
+                      format("%s: failed %.2f s after the last good op", label.c_str(),
+                             std::chrono::duration<double>(failedAfter).count()));
+            }
+          },
+          options);
+      fault.join();
+      if (::testing::Test::HasFailure()) return;
+    }
 }
 
 // Device buffers between hosts are staged through host memory over tcp;
