@@ -218,54 +218,37 @@ TEST_P(Graphs, OpsThatCannotBeCapturedAreRefusedAtCaptureTime) {
       },
       options());
 
-  ::setenv("BRAID_TRANSPORT", "tcp", 1);
-  runRanks(
-      2,
-      [](Communicator& comm) {
-        const int dev = currentDevice();
-        TestStream stream(dev);
-        device::Device& device = *device::current();
-        DeviceBuffer a(dev, 4096), b(dev, 4096);
-        device.beginCapture(stream.handle());
-        try {
+  // A captured all-reduce refused, the refusal naming `why`; then the same
+  // all-reduce, not captured, runs.
+  auto refused = [&](const char* knob, const char* value, const std::string& why) {
+    ::setenv(knob, value, 1);
+    runRanks(
+        2,
+        [&](Communicator& comm) {
+          const int dev = currentDevice();
+          TestStream stream(dev);
+          device::Device& device = *device::current();
+          DeviceBuffer a(dev, 4096), b(dev, 4096);
+          device.beginCapture(stream.handle());
+          try {
+            comm.allReduce(a.data(), b.data(), 1024, DataType::Float32, ReduceOp::Sum,
+                           stream.stream());
+            throw RankFailure{format("an all-reduce was captured under %s=%s", knob, value)};
+          } catch (const Error& error) {
+            require(error.code() == ErrorCode::InvalidUsage &&
+                        std::string(error.what()).find(why) != std::string::npos,
+                    "the refusal says '" + why + "': " + error.what());
+          }
+          device.destroyGraph(device.endCapture(stream.handle()));
           comm.allReduce(a.data(), b.data(), 1024, DataType::Float32, ReduceOp::Sum,
-                         stream.stream());
-          throw RankFailure{"an all-reduce with a peer staged over tcp was captured"};
-        } catch (const Error& error) {
-          require(error.code() == ErrorCode::InvalidUsage &&
-                      std::string(error.what()).find("tcp: staged") != std::string::npos,
-                  std::string("the refusal names the staged path: ") + error.what());
-        }
-        device.destroyGraph(device.endCapture(stream.handle()));
-        comm.allReduce(a.data(), b.data(), 1024, DataType::Float32, ReduceOp::Sum, stream.stream())
-            .wait();
-      },
-      options());
-  ::unsetenv("BRAID_TRANSPORT");
-
-  ::setenv("BRAID_DEVICE_GRAPHS", "0", 1);
-  runRanks(
-      2,
-      [](Communicator& comm) {
-        const int dev = currentDevice();
-        TestStream stream(dev);
-        device::Device& device = *device::current();
-        DeviceBuffer a(dev, 4096), b(dev, 4096);
-        device.beginCapture(stream.handle());
-        try {
-          comm.allReduce(a.data(), b.data(), 1024, DataType::Float32, ReduceOp::Sum,
-                         stream.stream());
-          throw RankFailure{"an all-reduce was captured under BRAID_DEVICE_GRAPHS=0"};
-        } catch (const Error& error) {
-          require(
-              error.code() == ErrorCode::InvalidUsage &&
-                  std::string(error.what()).find("BRAID_DEVICE_GRAPHS is 0") != std::string::npos,
-              std::string("the refusal names the knob: ") + error.what());
-        }
-        device.destroyGraph(device.endCapture(stream.handle()));
-      },
-      options());
-  ::unsetenv("BRAID_DEVICE_GRAPHS");
+                         stream.stream())
+              .wait();
+        },
+        options());
+    ::unsetenv(knob);
+  };
+  refused("BRAID_TRANSPORT", "tcp", "tcp: staged");
+  refused("BRAID_DEVICE_GRAPHS", "0", "BRAID_DEVICE_GRAPHS is 0");
 }
 
 // A peer killed between replays: the survivors' next replay does not stay

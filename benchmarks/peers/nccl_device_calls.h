@@ -6,7 +6,6 @@
 // library to start, and the same binary runs on NVIDIA's NCCL unchanged.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +44,7 @@ class NcclDeviceCalls {
     find(cudart, "cudaStreamDestroy", &streamDestroy);
     find(cudart, "cudaMemcpy", &cudaMemcpy_);
     copy = [](void* dst, const void* src, size_t bytes) {
-      return cudaMemcpy_(dst, src, bytes, static_cast<int>(cudaMemcpyDefault));
+      return cudaMemcpy_(dst, src, bytes, kCudaMemcpyDefault);
     };
     if (!setCurrent || !streamCreate || !streamSynchronize || !streamDestroy || !cudaMemcpy_) {
       fprintf(stderr, "%s: the CUDA runtime lacks a function this program uses\n", program);
@@ -69,6 +68,9 @@ class NcclDeviceCalls {
     *f = reinterpret_cast<F>(dlsym(from, name));
   }
 
+  // cudaMemcpyDefault (the runtime infers the direction), by value: this
+  // header needs no CUDA header of its own.
+  static constexpr int kCudaMemcpyDefault = 4;
   static inline int (*cudaMemcpy_)(void*, const void*, size_t, int) = nullptr;
   bool braid_ = false;
 };
