@@ -144,8 +144,9 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
 // machine that loses power). Every surviving rank fails within the timeout
 // plus 2 s, naming the other, and nothing hangs.
 TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
-  struct Flag {
-    std::atomic<int> down;
+  struct Flags {
+    std::atomic<int> looping;  // ranks past their first all-reduce
+    std::atomic<int> down;     // host 1's link is gone (torn down)
   };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
     for (const auto moment : {std::chrono::milliseconds(300), std::chrono::milliseconds(900),
@@ -155,8 +156,9 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
       const std::string label =
           kind + format(" at %lld ms", static_cast<long long>(moment.count()));
       constexpr auto kTimeout = std::chrono::seconds(3);
-      SharedWithRanks<Flag> flag;
-      std::atomic<int>* torn = &flag->down;
+      SharedWithRanks<Flags> flags;
+      std::atomic<int>* torn = &flags->down;
+      std::atomic<int>* looping = &flags->looping;
       RunOptions options;
       options.idConfig = Config{};
       options.idConfig->socketIfname = "eth0";
@@ -165,7 +167,12 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
       options.deadline = std::chrono::seconds(60);
       options.enter = [&](int rank) { hosts.enter(rank); };
       if (kind == "host torn down") options.killed = {1};
+      // The moment counts from when both ranks loop (creation, with its
+      // calibration, takes longer under the sanitizers).
       std::thread fault([&] {
+        const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (looping->load() < 2 && std::chrono::steady_clock::now() < giveUp)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::this_thread::sleep_for(moment);
         auto in = [&](int h, const std::string& command) {
           std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
@@ -196,6 +203,7 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
               for (;;) {
                 comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
                 require(out[100] == 2.0f, label + ": a wrong sum before the fault");
+                if (lastGood == start) looping->fetch_add(1);
                 lastGood = std::chrono::steady_clock::now();
                 require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
               }

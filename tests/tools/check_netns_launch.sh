@@ -90,7 +90,7 @@ if launch peers "$bin/braid-info" --peers; then
   fi
 else
   echo "FAIL braid-info --peers under ip netns exec"
-  tail -5 "$out"/peers.*
+  tail -n 5 "$out"/peers.*
   failures=$((failures + 1))
 fi
 
@@ -99,7 +99,7 @@ if launch perf "$bin/braid-perf" -a -b 8 -e 4M -f 16 -n 3 -w 1 &&
   echo "ok   braid-perf -a, 2 hosts x 2 ranks started with ip netns exec"
 else
   echo "FAIL braid-perf -a across namespace hosts"
-  tail -5 "$out"/perf.*
+  tail -n 5 "$out"/perf.*
   failures=$((failures + 1))
 fi
 rm -rf "$out"
