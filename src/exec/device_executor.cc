@@ -232,7 +232,6 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
     device_.record(op.begin, stream);
     lower(lanes, count, stream, &op);
     device_.record(op.end, stream);
-    transport_->enqueued();
   } catch (const std::exception& error) {
     // Part of the op may be on the stream, and the counters moved on: the
     // communicator fails, and the watchdog releases what was enqueued.
