@@ -108,6 +108,7 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
     shape.chunkElems =
         std::max(shape.alignElems, options.chunkBytes / elem / shape.alignElems * shape.alignElems);
     shape.mapped = options.mapped;
+    shape.localRanks = options.localRanks;
     SimRank& rank = ranks[r];
     rank.plan = makePlan(collective, algorithm, shape);
     if (check) {
@@ -147,6 +148,19 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
     return links[static_cast<uint64_t>(from) * static_cast<uint64_t>(n) +
                  static_cast<uint64_t>(to)];
   };
+  const bool reducing = collective == Collective::AllReduce || collective == Collective::Reduce ||
+                        collective == Collective::ReduceScatter;
+  // The link from one rank to another: within a host or across.
+  const int perHost = options.localRanks;
+  auto sameHost = [&](int a, int b) { return perHost > 1 && a / perHost == b / perHost; };
+  auto latencyTo = [&](int from, int to) {
+    return sameHost(from, to) && options.link.hostLatency > 0 ? options.link.hostLatency
+                                                              : options.link.latency;
+  };
+  auto bandwidthTo = [&](int from, int to) {
+    return sameHost(from, to) && options.link.hostBandwidth > 0 ? options.link.hostBandwidth
+                                                                : options.link.bandwidth;
+  };
   auto fail = [&](int r, const std::string& what) {
     result.problem = format("rank %d step %zu: %s", r, ranks[r].step, what.c_str());
     return result;
@@ -158,6 +172,8 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
       while (rank.step < rank.plan.steps.size()) {
         const Step& s = rank.plan.steps[rank.step];
         if (s.count == 0 && s.kind != StepKind::Signal) return fail(r, "an empty step");
+        if (s.finalize && !reducing)
+          return fail(r, "finalizes, in a collective that reduces nothing");
         if (direct(s.kind) || s.kind == StepKind::Signal) {
           if (!options.mapped) return fail(r, "a direct step on buffers nobody mapped");
           const int peer = s.kind == StepKind::CopyTo ? s.sendPeer : s.recvPeer;
@@ -169,7 +185,8 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
           if (s.sendPeer < 0 || s.sendPeer >= n || s.sendPeer == r)
             return fail(r, format("signals rank %d", s.sendPeer));
           Link& link = linkOf(r, s.sendPeer);
-          link.messages.push_back({{}, 0, std::max(rank.clock, link.free) + options.link.latency});
+          link.messages.push_back(
+              {{}, 0, std::max(rank.clock, link.free) + latencyTo(r, s.sendPeer)});
           ++result.messages;
           rank.signalled = true;
         }
@@ -203,6 +220,8 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
               if (!from) return fail(r, format("reads past the end of rank %d's buffer", q));
               for (size_t i = 0; i < s.count; ++i) sum[i] += (*from)[s.srcOffset + i];
             }
+            if (s.finalize)
+              for (int64_t& v : sum) v = -v;
             if (!span(rank, s.dst, s.dstOffset)) return fail(r, "writes past the end of a buffer");
             std::copy(sum.begin(), sum.end(), rank.buffer(s.dst).begin() + s.dstOffset);
           } else if (s.kind != StepKind::Signal) {
@@ -241,6 +260,8 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
               result_ = std::move(received.data);
               for (size_t i = 0; i < s.count; ++i) result_[i] += mine[i];
           }
+          if (s.finalize)
+            for (int64_t& v : result_) v = -v;
           if (writes(s.kind))
             std::copy(result_.begin(), result_.end(), rank.buffer(s.dst).begin() + s.dstOffset);
         }
@@ -248,7 +269,9 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
         const LinkModel& model = options.link;
         const double reduceTime = model.reduceBandwidth > 0 ? bytes / model.reduceBandwidth : 0;
         const double copyTime = model.copyBandwidth > 0 ? bytes / model.copyBandwidth : 0;
-        const double linkTime = bytes / model.bandwidth;
+        const int linkPeer = sends(s.kind) ? s.sendPeer : s.recvPeer;
+        const double linkTime =
+            bytes / (linkPeer >= 0 && linkPeer < n ? bandwidthTo(r, linkPeer) : model.bandwidth);
         const bool inPlace =
             s.kind == StepKind::Copy && s.src == s.dst && s.srcOffset == s.dstOffset;
         if (s.kind == StepKind::Recv || s.kind == StepKind::RecvCopySend ||
@@ -266,8 +289,8 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
           link.free = leave + (s.kind == StepKind::RecvReduceSend ? std::max(linkTime, reduceTime)
                                                                   : linkTime);
           rank.clock = link.free;  // the sender is busy putting it on the link
-          link.messages.push_back(
-              {check ? std::move(result_) : Values{}, s.count, link.free + options.link.latency});
+          link.messages.push_back({check ? std::move(result_) : Values{}, s.count,
+                                   link.free + latencyTo(r, s.sendPeer)});
           ++result.messages;
           result.bytes += static_cast<uint64_t>(bytes);
         }
@@ -290,10 +313,10 @@ SimResult simulate(Collective collective, Algorithm algorithm, int n, size_t cou
   if (!check) return result;
 
   // The expected outputs, computed here independently of any plan.
-  auto sumAt = [&](size_t index) {
+  auto sumAt = [&](size_t index) {  // finalized: negated (see above)
     int64_t sum = 0;
     for (int q = 0; q < n; ++q) sum += valueOf(q, index);
-    return sum;
+    return -sum;
   };
   for (int r = 0; r < n; ++r) {
     const Values& out = ranks[r].output;

@@ -13,6 +13,11 @@
 // makes (a received message into memory, a Copy step), b / reduceBandwidth
 // for each reduction. A reduction whose result goes straight to the link
 // (RecvReduceSend) overlaps the two: the longer one counts.
+//
+// For the collectives that reduce, the data check also counts finalizing
+// steps (Avg's division): a finalize negates the values it produces, and
+// the expected result is the negated sum, so a value finalized twice, or
+// never, or a partial sum finalized and then added to, fails the run.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +33,11 @@ struct LinkModel {
   double bandwidth = 10e9;     // bytes per second of each link (1 / beta)
   double reduceBandwidth = 0;  // bytes per second of a local reduction; 0: free
   double copyBandwidth = 0;    // bytes per second of a local copy; 0: free
+  // Between two ranks of one host (SimOptions::localRanks), where set
+  // (> 0): that link's latency and bandwidth instead, e.g. shm's within
+  // hosts joined by tcp.
+  double hostLatency = 0;
+  double hostBandwidth = 0;
 };
 
 struct SimOptions {
@@ -40,6 +50,8 @@ struct SimOptions {
   // steps read and write peers' buffers, each such byte costing the link's
   // time, and a Signal is an empty message.
   bool mapped = false;
+  // Ranks per host, numbered host by host (Shape::localRanks); 0: unknown.
+  int localRanks = 0;
 };
 
 struct SimResult {
