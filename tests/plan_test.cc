@@ -2,7 +2,8 @@
 // processes: every receive matched by a send of the same size, no deadlock
 // and no message left over, settled marks true, and every rank ending with
 // the collective's exact integer result, at every rank count from 1 to 64
-// and at 127, 128, 255, 256, 1000 and 1024 ranks.
+// and at 127, 128, 255, 256, 1000 and 1024 ranks; the hierarchical ones
+// also at layouts of several ranks per host, up to 1026 ranks.
 #include "algorithms/plan.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +129,126 @@ TEST(Plans, EveryAlgorithmIsExactAtHundredsAndThousandsOfRanks) {
   for (int n : {127, 128, 255, 256, 1000, 1024}) checkAll(n, {0, 3, 40, 2000}, {0, 1, 2}, 1 << 12);
 }
 
+// The hierarchical algorithms, at L ranks on each of H hosts: small
+// layouts with pipelining chunks and whole-buffer chunks, and more than a
+// thousand ranks with several per host.
+void checkHierarchical(int L, int H, const std::vector<size_t>& counts,
+                       const std::vector<size_t>& gatheredCounts, size_t chunkBytes) {
+  const int n = L * H;
+  SimOptions options;
+  options.elemSize = 8;
+  options.chunkBytes = chunkBytes;
+  options.localRanks = L;
+  for (Collective c : kCollectives) {
+    Shape shape;
+    shape.nranks = n;
+    shape.localRanks = L;
+    if (!applies(c, Algorithm::Hierarchical, shape)) continue;
+    for (size_t count : gathered(c) ? gatheredCounts : counts)
+      for (int root : {0, n - 1, L + 1}) {
+        if (root != 0 && c != Collective::Broadcast) continue;
+        SimResult result = simulate(c, Algorithm::Hierarchical, n, count, root % n, options);
+        ASSERT_EQ(result.problem, "")
+            << collectiveName(c) << " hier at " << H << " hosts of " << L << " ranks, count "
+            << count << ", root " << root % n << ", chunk " << chunkBytes << " bytes";
+      }
+  }
+}
+
+TEST(Plans, HierarchicalAlgorithmsAreExactAtEveryLayoutUpTo8HostsOf6Ranks) {
+  for (int L = 2; L <= 6; ++L)
+    for (int H = 2; H <= 8; ++H) {
+      const size_t n = static_cast<size_t>(L * H);
+      checkHierarchical(L, H, {0, 1, 5, n + 3, 1000}, {0, 1, 3, 17}, 16);
+      checkHierarchical(L, H, {3 * n + 1, 1000}, {2, 9}, 1 << 20);
+    }
+}
+
+TEST(Plans, HierarchicalAlgorithmsAreExactAtMoreThanAThousandRanks) {
+  for (auto [L, H] : {std::pair{4, 250}, std::pair{8, 128}, std::pair{3, 342}})
+    checkHierarchical(L, H, {0, 3, 40, 5000}, {0, 1, 2}, 1 << 12);
+}
+
+// They apply only where the layout says several ranks on several hosts.
+TEST(Plans, HierarchicalAlgorithmsNeedSeveralRanksOnSeveralHosts) {
+  Shape shape;
+  shape.nranks = 8;
+  for (int L : {0, 1, 3, 8}) {  // unknown, one per host, uneven hosts, one host
+    shape.localRanks = L;
+    EXPECT_FALSE(applies(Collective::AllReduce, Algorithm::Hierarchical, shape)) << L;
+  }
+  shape.localRanks = 4;
+  EXPECT_TRUE(applies(Collective::AllReduce, Algorithm::Hierarchical, shape));
+  EXPECT_FALSE(applies(Collective::Reduce, Algorithm::Hierarchical, shape));
+  shape.mapped = true;
+  EXPECT_FALSE(applies(Collective::AllReduce, Algorithm::Hierarchical, shape));
+}
+
+// What crosses hosts: the hierarchical all-reduce sends 2(H-1)/H * S/L
+// bytes per rank to other hosts, all-gather (H-1) * S; the flat ring's
+// ranks at a host's edge send 2(n-1)/n * S and (n-1) * S.
+TEST(Plans, HierarchicalAlgorithmsSendAnLthOfTheRingsBytesAcrossHosts) {
+  for (auto [L, H] : {std::pair{2, 2}, std::pair{4, 3}, std::pair{3, 5}}) {
+    const int n = L * H;
+    const size_t count = 61440;  // a multiple of 16 * L * H for each layout: even parts
+    auto acrossHostsBytes = [&](Collective c, Algorithm a, int r) {
+      Shape shape;
+      shape.nranks = n;
+      shape.rank = r;
+      shape.count = count;
+      shape.elemSize = 4;
+      shape.chunkElems = count;
+      shape.alignElems = 16;
+      shape.localRanks = L;
+      size_t bytes = 0;
+      for (const Step& s : makePlan(c, a, shape).steps)
+        if (sends(s.kind) && s.sendPeer / L != r / L) bytes += s.count * shape.elemSize;
+      return bytes;
+    };
+    const size_t S = count * 4;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(acrossHostsBytes(Collective::AllReduce, Algorithm::Hierarchical, r),
+                2 * (H - 1) * S / H / L);
+      EXPECT_EQ(acrossHostsBytes(Collective::AllGather, Algorithm::Hierarchical, r), (H - 1) * S);
+      EXPECT_EQ(acrossHostsBytes(Collective::ReduceScatter, Algorithm::Hierarchical, r),
+                (H - 1) * S);
+    }
+    EXPECT_EQ(acrossHostsBytes(Collective::AllReduce, Algorithm::Ring, L - 1), 2 * (n - 1) * S / n);
+    EXPECT_EQ(acrossHostsBytes(Collective::AllGather, Algorithm::Ring, L - 1), (n - 1) * S);
+  }
+}
+
+// With shm within hosts and tcp across, the model picks the hierarchical
+// all-reduce for large buffers on 2 hosts of 2 ranks, and the fixed choice
+// does wherever it applies; on one host neither does.
+TEST(Tuning, RanksOnSeveralHostsGetTheHierarchicalAlgorithms) {
+  LinkModel link;  // tcp's order of magnitude across, shm's within
+  link.latency = 15e-6;
+  link.bandwidth = 3e9;
+  link.hostLatency = 0.15e-6;
+  link.hostBandwidth = 12e9;
+  link.copyBandwidth = 12e9;
+  link.reduceBandwidth = 10e9;
+  Shape shape;
+  shape.nranks = 4;
+  shape.localRanks = 2;
+  shape.count = (size_t{16} << 20) / 4;
+  shape.elemSize = 4;
+  shape.chunkElems = (1 << 20) / 4;
+  shape.alignElems = 16;
+  for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter})
+    EXPECT_EQ(tuning::choose(c, shape, {}, 4096, &link), Algorithm::Hierarchical)
+        << collectiveName(c);
+  for (Collective c : {Collective::AllReduce, Collective::Broadcast, Collective::AllGather,
+                       Collective::ReduceScatter})
+    EXPECT_EQ(tuning::choose(c, shape, {}, 4096), Algorithm::Hierarchical) << collectiveName(c);
+  shape.localRanks = 4;
+  for (Collective c : kCollectives) {
+    EXPECT_NE(tuning::choose(c, shape, {}, 4096, &link), Algorithm::Hierarchical);
+    EXPECT_NE(tuning::choose(c, shape, {}, 4096), Algorithm::Hierarchical);
+  }
+}
+
 TEST(Plans, RingAllReduceSendsTwiceTheBufferTimesNMinusOneOverN) {
   for (int n : {2, 3, 5, 8}) {
     const size_t count = 1024 * n;
@@ -151,6 +272,7 @@ TEST(Plans, NoStepMovesMoreThanOneChunk) {
         shape.elemSize = 4;
         shape.chunkElems = chunk;
         shape.alignElems = 16;
+        shape.localRanks = 4;
         if (!applies(c, a, shape)) continue;
         for (const Step& s : makePlan(c, a, shape).steps)
           if (s.kind != StepKind::Copy) {

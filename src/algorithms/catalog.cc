@@ -31,6 +31,7 @@ constexpr std::pair<const char*, Algorithm> kAlgorithms[] = {
     {"rechalving", Algorithm::RecursiveHalving},
     {"direct", Algorithm::Direct},
     {"twoshot", Algorithm::TwoShot},
+    {"hier", Algorithm::Hierarchical},
 };
 
 }  // namespace
@@ -67,15 +68,16 @@ bool parseAlgorithm(const std::string& name, Algorithm* algorithm) {
 
 const std::vector<Algorithm>& algorithmsFor(Collective collective) {
   static const std::vector<Algorithm> kAllReduce = {
-      Algorithm::Ring,    Algorithm::Tree,   Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
-      Algorithm::OneShot, Algorithm::TwoShot};
-  static const std::vector<Algorithm> kBroadcast = {
-      Algorithm::Chain, Algorithm::Binomial, Algorithm::ScatterAllGather, Algorithm::OneShot};
+      Algorithm::Ring,    Algorithm::Tree,    Algorithm::Rabenseifner, Algorithm::RecursiveDoubling,
+      Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Hierarchical};
+  static const std::vector<Algorithm> kBroadcast = {Algorithm::Chain, Algorithm::Binomial,
+                                                    Algorithm::ScatterAllGather, Algorithm::OneShot,
+                                                    Algorithm::Hierarchical};
   static const std::vector<Algorithm> kReduce = {Algorithm::Chain, Algorithm::Binomial};
   static const std::vector<Algorithm> kAllGather = {Algorithm::Ring, Algorithm::Bruck,
-                                                    Algorithm::OneShot};
-  static const std::vector<Algorithm> kReduceScatter = {Algorithm::Ring,
-                                                        Algorithm::RecursiveHalving};
+                                                    Algorithm::OneShot, Algorithm::Hierarchical};
+  static const std::vector<Algorithm> kReduceScatter = {
+      Algorithm::Ring, Algorithm::RecursiveHalving, Algorithm::Hierarchical};
   static const std::vector<Algorithm> kPointToPoint = {Algorithm::Direct};
   switch (collective) {
     case Collective::AllReduce:
@@ -100,6 +102,9 @@ bool applies(Collective collective, Algorithm algorithm, const Shape& shape) {
   if (std::find(known.begin(), known.end(), algorithm) == known.end()) return false;
   const bool direct = shape.mapped && shape.nranks <= kMaxDirectRanks;
   if (algorithm == Algorithm::TwoShot) return direct;
+  if (algorithm == Algorithm::Hierarchical)
+    return !shape.mapped && shape.localRanks >= 2 && shape.nranks % shape.localRanks == 0 &&
+           shape.nranks / shape.localRanks >= 2;
   if (algorithm == Algorithm::OneShot && collective != Collective::AllReduce) return shape.mapped;
   if (algorithm == Algorithm::OneShot)
     return direct || shape.count * shape.elemSize <= kScratchBytes;
@@ -128,6 +133,8 @@ Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
           return rabenseifnerAllReduce(shape);
         case Algorithm::Tree:
           return treeAllReduce(shape);
+        case Algorithm::Hierarchical:
+          return hierarchicalAllReduce(shape);
         default:
           return ringAllReduce(shape);
       }
@@ -135,15 +142,18 @@ Plan makePlan(Collective collective, Algorithm algorithm, const Shape& shape) {
       return algorithm == Algorithm::Binomial           ? binomialBroadcast(shape)
              : algorithm == Algorithm::ScatterAllGather ? scatterAllGatherBroadcast(shape)
              : algorithm == Algorithm::OneShot          ? oneShotBroadcast(shape)
+             : algorithm == Algorithm::Hierarchical     ? hierarchicalBroadcast(shape)
                                                         : chainBroadcast(shape);
     case Collective::Reduce:
       return algorithm == Algorithm::Binomial ? binomialReduce(shape) : chainReduce(shape);
     case Collective::AllGather:
-      return algorithm == Algorithm::Bruck     ? bruckAllGather(shape)
-             : algorithm == Algorithm::OneShot ? oneShotAllGather(shape)
-                                               : ringAllGather(shape);
+      return algorithm == Algorithm::Bruck          ? bruckAllGather(shape)
+             : algorithm == Algorithm::OneShot      ? oneShotAllGather(shape)
+             : algorithm == Algorithm::Hierarchical ? hierarchicalAllGather(shape)
+                                                    : ringAllGather(shape);
     case Collective::ReduceScatter:
       return algorithm == Algorithm::RecursiveHalving ? recursiveHalvingReduceScatter(shape)
+             : algorithm == Algorithm::Hierarchical   ? hierarchicalReduceScatter(shape)
                                                       : ringReduceScatter(shape);
     case Collective::Send:
       return sendTo(shape);

@@ -34,14 +34,15 @@ enum class Algorithm : uint8_t {
   RecursiveHalving,   // reduce-scatter
   Direct,             // send, recv
   TwoShot,            // all-reduce on mapped buffers
+  Hierarchical,       // all-reduce, broadcast, all-gather, reduce-scatter across hosts
 };
 
 // "allreduce", "broadcast", ... and back; false for an unknown name.
 const char* collectiveName(Collective collective);
 bool parseCollective(const std::string& name, Collective* collective);
 // "ring", "oneshot", "recdoubling", "rabenseifner", "tree", "chain",
-// "binomial", "scatter", "bruck", "rechalving", "direct", "twoshot" and
-// back.
+// "binomial", "scatter", "bruck", "rechalving", "direct", "twoshot",
+// "hier" and back.
 const char* algorithmName(Algorithm algorithm);
 bool parseAlgorithm(const std::string& name, Algorithm* algorithm);
 
@@ -51,7 +52,8 @@ const std::vector<Algorithm>& algorithmsFor(Collective collective);
 // Whether `algorithm` can run `collective` at `shape` (recursive halving
 // needs a power-of-two rank count; one-shot all-reduce a buffer that fits
 // the scratch area, or mapped buffers; two-shot, one-shot all-gather and
-// one-shot broadcast mapped buffers).
+// one-shot broadcast mapped buffers; the hierarchical ones ranks numbered
+// host by host, at least two on each of at least two hosts).
 bool applies(Collective collective, Algorithm algorithm, const Shape& shape);
 
 // The bytes of the call's whole buffer, as braid-perf counts sizes: the

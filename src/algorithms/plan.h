@@ -95,6 +95,11 @@ struct Shape {
   // same offsets on all of them (device buffers in a registered window):
   // the algorithms that have direct plans use them.
   bool mapped = false;
+  // Ranks per host, when every host has this many and ranks are numbered
+  // host by host (ranks 0..L-1 on the first host, L..2L-1 on the next, as
+  // srun, mpirun and torchrun number them); 0 when the layout is not known
+  // or not like that. The hierarchical algorithms need it.
+  int localRanks = 0;
 };
 
 // The most ranks a direct ReduceFrom combines (the device's n-input
@@ -174,6 +179,30 @@ Plan chainBroadcast(const Shape& shape);
 // Pipelined chain reduce ending at root: one step per chunk; every rank but
 // the root sends S bytes, every rank but the first receives S bytes.
 Plan chainReduce(const Shape& shape);
+
+// The hierarchical algorithms, for ranks spread over hosts (L =
+// Shape::localRanks ranks on each of H = n / L hosts): the links within a
+// host (shm) carry most of the bytes, and the H rings across hosts, one per
+// local rank, carry a 1/L share each, so every local rank's network link
+// works at once. REQUIRES: L >= 2 and H >= 2 (catalog's applies()).
+//
+// All-reduce: reduce-scatter within the host, all-reduce of each shard
+// across hosts, all-gather within the host. Per rank 2(L-1)/L * S bytes
+// within the host and 2(H-1)/H * S/L across.
+Plan hierarchicalAllReduce(const Shape& shape);
+// All-gather: the blocks of the ranks with local number l, gathered across
+// hosts, then each rank's H blocks passed around the host. Per rank
+// (H-1) * S bytes across hosts and (L-1) * H * S within, for S-byte inputs.
+Plan hierarchicalAllGather(const Shape& shape);
+// Reduce-scatter: within the host, each rank gathers the host's sums of the
+// H blocks it forwards (in scratch), then the ring across hosts reduces
+// them to its own. Per rank (L-1) * H * S bytes within the host and
+// (H-1) * S across, for S-byte outputs.
+Plan hierarchicalReduceScatter(const Shape& shape);
+// Broadcast: the root hands part l of L to local rank l, part l goes down
+// the chain of hosts among the ranks with local number l, and each host
+// all-gathers the parts. Per rank S/L bytes across hosts.
+Plan hierarchicalBroadcast(const Shape& shape);
 
 // Point-to-point: one step of `count` elements to or from `peer`.
 Plan sendTo(const Shape& shape);

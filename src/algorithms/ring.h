@@ -55,6 +55,20 @@ struct Fold {
   bool takesOver(int r) const { return r < 2 * e && r % 2 == 1; }  // 2i+1
 };
 
+// Ranks numbered host by host (Shape::localRanks = L per host, H hosts):
+// host h holds ranks h*L .. h*L + L-1, and rank r is local rank r % L of
+// host r / L.
+struct Hosts {
+  int L, H, host, local;
+  explicit Hosts(const Shape& shape)
+      : L(shape.localRanks),
+        H(shape.nranks / shape.localRanks),
+        host(shape.rank / shape.localRanks),
+        local(shape.rank % shape.localRanks) {}
+  // The rank of local rank `l` on host `h`, both taken around their rings.
+  int rankOf(int h, int l) const { return ringIndex(h, H) * L + ringIndex(l, L); }
+};
+
 // A rank's place in the binomial tree of n ranks rooted at `root`: in ranks
 // relative to the root, v's parent is v - lowbit(v) and its children are
 // v + 2^k for every 2^k below lowbit(v) (for the root: below n), here

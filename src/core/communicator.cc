@@ -49,6 +49,25 @@ int localRanks(const bootstrap::Bootstrap& bootstrap) {
                                         [&](const auto& peer) { return peer.hostId == host; }));
 }
 
+// Ranks per host when ranks are numbered host by host with the same count
+// on every host (Shape::localRanks), else 0.
+int ranksPerHostInOrder(const bootstrap::Bootstrap& bootstrap) {
+  const auto& table = bootstrap.table();
+  const int n = static_cast<int>(table.size());
+  int perHost = 1;
+  while (perHost < n && table[perHost].hostId == table[0].hostId) ++perHost;
+  if (n % perHost != 0) return 0;
+  for (int r = 0; r < n; ++r) {
+    const int first = r / perHost * perHost;
+    if (table[r].hostId != table[first].hostId) return 0;  // a host split in two
+    if (r == first && r > 0) {
+      for (int earlier = 0; earlier < first; earlier += perHost)
+        if (table[earlier].hostId == table[r].hostId) return 0;  // a host seen before
+    }
+  }
+  return perHost;
+}
+
 int usableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -266,6 +285,10 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
         std::max(onDevice.alignElems,
                  knobs.deviceChunkBytes / size / onDevice.alignElems * onDevice.alignElems);
   }
+  // The hierarchical algorithms need the host layout; deterministic
+  // results may not depend on it.
+  const int perHost = knobs.deterministic ? 0 : ranksPerHostInOrder(*bootstrap);
+  for (algo::Shape& shape : shapes) shape.localRanks = perHost;
   devicePlans.useModel(tuning::defaultLink("cuda_ipc"));
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
@@ -285,6 +308,11 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     uint8_t used = 0;
     for (uint8_t k : kinds) used |= k;
     algo::LinkModel link = tuning::defaultLink(used & 2 ? "tcp" : "shm");
+    if (used == 3) {  // shm within hosts, a network across: model both
+      const algo::LinkModel shm = tuning::defaultLink("shm");
+      link.hostLatency = shm.latency;
+      link.hostBandwidth = shm.bandwidth;
+    }
     // Device buffers between hosts go over tcp too (staged).
     if ((used & 2) && !knobs.deterministic) devicePlans.useModel(tuning::defaultLink("tcp_staged"));
     if (knobs.deterministic)

@@ -194,6 +194,7 @@ std::vector<Algorithm> contenders(Collective collective, const algo::Shape& shap
   options.chunkBytes = shape.chunkElems * shape.elemSize;
   options.alignBytes = shape.alignElems * shape.elemSize;
   options.mapped = shape.mapped;
+  options.localRanks = shape.localRanks;
   std::vector<std::pair<double, Algorithm>> predicted;
   for (Algorithm a : algo::algorithmsFor(collective)) {
     if (!algo::applies(collective, a, shape)) continue;
@@ -231,18 +232,20 @@ Algorithm choose(Collective collective, const algo::Shape& shape, const AlgoPref
       return *std::min_element(fastest.begin(), fastest.end(),
                                [&](Algorithm x, Algorithm y) { return position(x) < position(y); });
   }
+  const bool acrossHosts = algo::applies(collective, Algorithm::Hierarchical, shape);
   switch (collective) {
     case Collective::AllReduce:
-      return shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes &&
-                     algo::applies(collective, Algorithm::OneShot, shape)
-                 ? Algorithm::OneShot
-                 : Algorithm::Ring;
+      if (shape.nranks > 1 && shape.count * shape.elemSize <= oneShotBytes &&
+          algo::applies(collective, Algorithm::OneShot, shape))
+        return Algorithm::OneShot;
+      return acrossHosts ? Algorithm::Hierarchical : Algorithm::Ring;
     case Collective::Broadcast:
+      return acrossHosts ? Algorithm::Hierarchical : Algorithm::Chain;
     case Collective::Reduce:
       return Algorithm::Chain;
     case Collective::AllGather:
     case Collective::ReduceScatter:
-      return Algorithm::Ring;
+      return acrossHosts ? Algorithm::Hierarchical : Algorithm::Ring;
     case Collective::Send:
     case Collective::Recv:
       break;

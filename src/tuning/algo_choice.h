@@ -55,10 +55,11 @@ inline constexpr size_t kMappedOneShotBytes = size_t{256} << 10;
 // kMappedOneShotBytes and two-shot above, one-shot all-gather and
 // broadcast; else, with a `model`, the one the simulator predicts fastest over
 // links of that model (up to kModelRanks ranks); else braid's fixed choice
-// (one-shot for all-reduces of at most `oneShotBytes` on more than one rank,
-// ring for the other all-reduces, all-gathers and reduce-scatters, chain for
-// broadcast and reduce). Depends on nothing but its arguments, so ranks that
-// agree on them agree on the algorithm.
+// (one-shot for all-reduces of at most `oneShotBytes` on more than one rank;
+// for ranks numbered host by host over several hosts the hierarchical
+// algorithms for the other all-reduces, all-gathers, reduce-scatters and
+// broadcasts; else ring for those, and chain for broadcast and reduce). Depends on nothing but its
+// arguments, so ranks that agree on them agree on the algorithm.
 algo::Algorithm choose(algo::Collective collective, const algo::Shape& shape,
                        const AlgoPreference& preference, size_t oneShotBytes,
                        const algo::LinkModel* model = nullptr);
