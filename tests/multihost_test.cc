@@ -23,6 +23,7 @@
 #include "device_cases.h"
 #include "multirank.h"
 #include "netns_hosts.h"
+#include "reference.h"
 
 namespace braid::testing {
 namespace {
@@ -135,6 +136,126 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
         require(value == 42.0f, "broadcast from another host");
       },
       options);
+}
+
+// Every collective braid runs hierarchically (BRAID_ALGO=hier), on two
+// hosts of three ranks numbered host by host: exact integers, Avg's single
+// division and float sums within their bound, in place and out of place,
+// at sizes of one element, a few slots and many chunks, from roots on
+// either host.
+TEST(MultiHost, HierarchicalCollectivesAreExactOnTwoHostsOfThreeRanks) {
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "eth0";
+  options.config.socketIfname = "";
+  options.config.timeout = std::chrono::seconds(30);
+  options.config.chunkBytes = 64 << 10;  // many rounds at the largest size
+  options.deadline = std::chrono::seconds(180);
+  options.enter = [&](int rank) {
+    hosts.enter(rank / 3);
+    ::setenv("BRAID_ALGO", "hier", 1);
+  };
+  runRanks(
+      6,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank();
+        const auto names = detail::peerTransports(comm);
+        for (int p = 0; p < n; ++p)
+          require(names[p] == (p == r           ? "self"
+                               : p / 3 == r / 3 ? "shm"
+                                                : "tcp"),
+                  format("rank %d is reached over %s", p, names[p].c_str()));
+        uint64_t seed = 11;
+        for (DataType type : {DataType::Int64, DataType::Float32})
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg})
+            for (size_t count : {size_t{1}, size_t{1000}, (size_t{1} << 18) + 7})
+              for (bool inPlace : {false, true}) {
+                if (type == DataType::Int64 && op == ReduceOp::Avg) continue;
+                ++seed;
+                const size_t size = dataTypeSize(type);
+                const std::string what =
+                    format("count %zu%s, seed %llu", count, inPlace ? ", in place" : "",
+                           static_cast<unsigned long long>(seed));
+                // All-reduce.
+                std::vector<std::byte> in(count * size), out = poisoned(type, count);
+                fillInput(type, op, seed, r, 0, count, in.data());
+                void* dst = inPlace ? in.data() : out.data();
+                comm.allReduce(in.data(), dst, count, type, op);
+                require(detail::lastAlgorithm(comm) == "hier", "all-reduce not hierarchical");
+                std::string problem = checkReduced(type, op, seed, n, 0, count, dst);
+                require(problem.empty(), "all-reduce, " + what + ": " + problem);
+                // Reduce-scatter: block b of every rank's input at global
+                // indices b * count.
+                std::vector<std::byte> whole(n * count * size), mine = poisoned(type, count);
+                fillInput(type, op, seed, r, 0, n * count, whole.data());
+                void* part = inPlace ? whole.data() + r * count * size : mine.data();
+                comm.reduceScatter(whole.data(), part, count, type, op);
+                require(detail::lastAlgorithm(comm) == "hier", "reduce-scatter not hierarchical");
+                problem = checkReduced(type, op, seed, n, r * count, count, part);
+                require(problem.empty(), "reduce-scatter, " + what + ": " + problem);
+                if (op != ReduceOp::Sum) continue;
+                // All-gather: rank q's block at global indices q * count.
+                std::vector<std::byte> gathered = poisoned(type, n * count);
+                std::vector<std::byte> block(count * size);
+                fillInput(type, op, seed, r, r * count, count, block.data());
+                if (inPlace)
+                  std::memcpy(gathered.data() + r * count * size, block.data(), block.size());
+                comm.allGather(inPlace ? gathered.data() + r * count * size : block.data(),
+                               gathered.data(), count, type);
+                require(detail::lastAlgorithm(comm) == "hier", "all-gather not hierarchical");
+                for (int q = 0; q < n && problem.empty(); ++q)
+                  problem = checkCopied(type, op, seed, q, q * count, count,
+                                        gathered.data() + q * count * size);
+                require(problem.empty(), "all-gather, " + what + ": " + problem);
+                // Broadcast from a rank of either host.
+                for (int root : {1, 5}) {
+                  std::vector<std::byte> data = poisoned(type, count);
+                  if (r == root) fillInput(type, op, seed, root, 0, count, data.data());
+                  std::vector<std::byte> got = poisoned(type, count);
+                  comm.broadcast(data.data(), inPlace ? data.data() : got.data(), count, type,
+                                 root);
+                  require(detail::lastAlgorithm(comm) == "hier", "broadcast not hierarchical");
+                  problem = checkCopied(type, op, seed, root, 0, count,
+                                        inPlace ? data.data() : got.data());
+                  require(problem.empty(),
+                          format("broadcast from %d, ", root) + what + ": " + problem);
+                }
+              }
+      },
+      options);
+}
+
+// Left to choose, braid takes the hierarchical algorithms for large
+// buffers when ranks are numbered host by host (two hosts of two), and not
+// when each host's ranks are spread out (rank r on host r % 2).
+TEST(MultiHost, TheTunerPicksHierarchicalAlgorithmsForRanksNumberedHostByHost) {
+  for (bool byHost : {true, false}) {
+    NamespaceHosts hosts(2);
+    if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+    RunOptions options;
+    options.idConfig = Config{};
+    options.idConfig->socketIfname = "eth0";
+    options.config.socketIfname = "";
+    options.config.timeout = std::chrono::seconds(30);
+    options.enter = [&](int rank) { hosts.enter(byHost ? rank / 2 : rank % 2); };
+    runRanks(
+        4,
+        [byHost](Communicator& comm) {
+          const size_t count = size_t{4} << 20 >> 2;  // 4 MiB of floats
+          std::vector<float> in(count, 1.0f), out(count * comm.size());
+          comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          require(out[count - 1] == 4.0f, "all-reduce");
+          const std::string algorithm = detail::lastAlgorithm(comm);
+          require((algorithm == "hier") == byHost,
+                  format("the all-reduce ran '%s' with ranks %s", algorithm.c_str(),
+                         byHost ? "host by host" : "spread over the hosts"));
+          comm.allGather(in.data(), out.data(), count, DataType::Float32);
+          require((detail::lastAlgorithm(comm) == "hier") == byHost, "all-gather");
+        },
+        options);
+  }
 }
 
 // Network faults between two namespace hosts, in the middle of all-reduce
