@@ -18,49 +18,26 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "skipped: needs root to create network namespaces"
   exit 77
 fi
-cleanup() {
-  for ((h = 0; h < hosts; ++h)); do ip netns del "${prefix}h$h" 2>/dev/null; done
-  ip netns del "${prefix}br" 2>/dev/null
-}
-trap cleanup EXIT
-setup() {
-  ip netns add "${prefix}br" &&
-    ip netns exec "${prefix}br" ip link add br0 type bridge &&
-    ip netns exec "${prefix}br" ip link set br0 up || return 1
-  for ((h = 0; h < hosts; ++h)); do
-    local ns="${prefix}h$h"
-    ip netns add "$ns" &&
-      ip link add eth0 netns "$ns" type veth peer name "p$h" netns "${prefix}br" &&
-      ip netns exec "${prefix}br" ip link set "p$h" master br0 &&
-      ip netns exec "${prefix}br" ip link set "p$h" up &&
-      ip netns exec "$ns" ip link set lo up &&
-      ip netns exec "$ns" sysctl -qw net.ipv4.conf.all.route_localnet=1 &&
-      ip netns exec "$ns" sysctl -qw net.ipv4.conf.eth0.route_localnet=1 &&
-      ip netns exec "$ns" ip addr add "127.77.0.$((h + 1))/24" dev eth0 &&
-      ip netns exec "$ns" ip link set eth0 up || return 1
-  done
-}
-if ! setup >/dev/null 2>&1; then
+hosts_sh="$(cd "$(dirname "$0")/../.." && pwd)/tools/netns_hosts.sh"
+trap '"$hosts_sh" down "$prefix" $hosts' EXIT
+if ! "$hosts_sh" up "$prefix" $hosts >/dev/null 2>&1; then
   echo "skipped: could not set up network namespaces here"
   exit 77
 fi
 
 failures=0
 # launch NAME PROGRAM ARGS...: every rank in its host (rank r on host r /
-# ranksPerHost), the root in rank 0; rank r's output in $out/NAME.r.
+# ranksPerHost, as tools/netns_hosts.sh run starts them), the root in rank
+# 0; rank r's output in $out/NAME.r.
 out=$(mktemp -d)
 launch() {
   local name=$1
   shift
-  local port=$((20000 + RANDOM % 20000)) pids=()
-  for ((r = 0; r < nranks; ++r)); do
-    ip netns exec "${prefix}h$((r / ranksPerHost))" env BRAID_RANK=$r BRAID_WORLD_SIZE=$nranks \
-      BRAID_ROOT="127.77.0.1:$port" BRAID_SOCKET_IFNAME=eth0 BRAID_TIMEOUT=30 \
-      timeout 120 "$@" >"$out/$name.$r" 2>&1 &
-    pids+=($!)
-  done
-  local status=0
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  mkdir -p "$out/$name"
+  NETNS_LOGS="$out/$name" BRAID_TIMEOUT=30 \
+    "$hosts_sh" run "$prefix" $ranksPerHost $nranks timeout 120 "$@" >"$out/$name.0" 2>&1
+  local status=$?
+  for ((r = 1; r < nranks; ++r)); do mv "$out/$name/rank.$r" "$out/$name.$r"; done
   return $status
 }
 
