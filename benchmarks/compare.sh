@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # Compares braid's all-reduce with its peers on this machine (DESIGN.md §8).
 #
-#   benchmarks/compare.sh OUTDIR
+#   benchmarks/compare.sh [--hosts H] OUTDIR
 #
+# With --hosts H the ranks run on H namespace hosts (tools/netns_hosts.sh:
+# network namespaces on a bridge, which braid tells apart as hosts; needs
+# root), NRANKS / H per host numbered host by host (NRANKS defaults to H):
+#   braid     each rank started in its host by tools/netns_hosts.sh run
+#             (braid's own choice: shm within a host, tcp across), and again
+#             with BRAID_ALGO=A for each A in BRAID_ALGOS (e.g. "ring hier")
+#   Open MPI  mpirun.openmpi in host 0, --host naming each host's address,
+#             its ranks started in the other hosts through the netns rsh
+#             agent (each under its own hostname), --bind-to none, over btl
+#             tcp,self (plus vader with several ranks per host; idle ranks
+#             yield when there are more ranks than CPUs)
+#   Gloo      as below, its tcp device on each host's eth0
+#   (MPICH is not run across namespace hosts.)
+# On one host:
 # Runs, each under `timeout`, at NRANKS ranks (default 2) and the same sizes:
 #   braid     braid-run -n N braid-perf allreduce (braid's own transport choice,
 #             and again with BRAID_TRANSPORT=T for each T in BRAID_ALSO)
@@ -31,6 +45,8 @@
 #                column (default 0)
 #   BRAID_ALSO   braid transports to run too, as extra columns (e.g. "tcp";
 #                default none); braid's ratios are those of its own choice
+#   BRAID_ALGOS  braid algorithms (BRAID_ALGO) to run too, as extra columns
+#                (e.g. "ring hier"; default none)
 #   GLOO_ALGOS   Gloo variants, best per size is shown (default
 #                "default ring ring-legacy halving-doubling")
 #   RUN_TIMEOUT  seconds for each run (default 600)
@@ -41,6 +57,15 @@ set -euo pipefail
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
 }
+HOSTS=0
+if [ $# -ge 2 ] && [ "$1" = "--hosts" ]; then
+  HOSTS=$2
+  shift 2
+  if ! [[ "$HOSTS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "compare: --hosts takes a number of namespace hosts, not '$HOSTS'" >&2
+    exit 2
+  fi
+fi
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   usage
   [ $# -eq 1 ] && exit 0
@@ -57,7 +82,8 @@ PEERS_BIN=${PEERS_BIN:-$BUILD/bin}
 [ -d "$BRAID_BIN" ] && BRAID_BIN=$(cd "$BRAID_BIN" && pwd)
 [ -d "$PEERS_BIN" ] && PEERS_BIN=$(cd "$PEERS_BIN" && pwd)
 BRAID_ALSO=${BRAID_ALSO:-}
-NRANKS=${NRANKS:-2}
+BRAID_ALGOS=${BRAID_ALGOS:-}
+if [ "$HOSTS" -gt 0 ]; then NRANKS=${NRANKS:-$HOSTS}; else NRANKS=${NRANKS:-2}; fi
 MINBYTES=${MINBYTES:-8}
 MAXBYTES=${MAXBYTES:-64M}
 FACTOR=${FACTOR:-2}
@@ -85,6 +111,32 @@ for tool in braid-run braid-perf; do
     exit 1
   fi
 done
+
+# Across namespace hosts: make them, and remove them however this ends.
+netns=()  # the launcher of braid-run's place: tools/netns_hosts.sh run
+if [ "$HOSTS" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "compare: --hosts needs root, to make network namespaces" >&2
+    exit 1
+  fi
+  if [ $((NRANKS % HOSTS)) -ne 0 ]; then
+    echo "compare: NRANKS=$NRANKS is not a multiple of --hosts $HOSTS" >&2
+    exit 2
+  fi
+  PER_HOST=$((NRANKS / HOSTS))
+  hosts_sh=$repo/tools/netns_hosts.sh
+  export NETNS_PREFIX="cmp$$"
+  trap '"$hosts_sh" down "$NETNS_PREFIX" "$HOSTS"' EXIT
+  if ! "$hosts_sh" up "$NETNS_PREFIX" "$HOSTS"; then
+    echo "compare: could not make $HOSTS namespace hosts" >&2
+    exit 1
+  fi
+  netns=("$hosts_sh" run "$NETNS_PREFIX" "$PER_HOST" "$NRANKS")
+fi
+# launch PROGRAM ARGS...: NRANKS ranks of a program that reads braid-run's
+# variables, on this host or across the namespace hosts.
+launch=("$BRAID_BIN/braid-run" -n "$NRANKS")
+[ "$HOSTS" -gt 0 ] && launch=("${netns[@]}")
 
 sizes=(-b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
 manifest=$out/runs.tsv    # label, json, status, command: one line per run
@@ -161,23 +213,43 @@ job() {
   job_commands+=("$(printf '%q ' "$@")")
 }
 
-job braid braid "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+job braid braid "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
 if [ "${BRAID_MEMALLOC:-0}" = 1 ]; then
-  job "braid memAlloc" braid-memalloc "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" \
+  job "braid memAlloc" braid-memalloc "${launch[@]}" "$BRAID_BIN/braid-perf" \
     allreduce -R 1 "${sizes[@]}"
 fi
 for transport in $BRAID_ALSO; do
   job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$transport" \
-    "$BRAID_BIN/braid-run" -n "$NRANKS" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+done
+for algo in $BRAID_ALGOS; do
+  job "braid $algo" "braid-$algo" env BRAID_ALGO="$algo" \
+    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
 done
 
-# Open MPI: its default transports, then shared memory only.
+# Open MPI: its default transports, then shared memory only (across
+# namespace hosts: tcp between them, and vader within when they hold
+# several ranks).
 ompi_root=()
 [ "$(id -u)" -eq 0 ] && ompi_root=(--allow-run-as-root)
 if [ ! -x "$PEERS_BIN/peer-ompi-allreduce" ]; then
   skip "Open MPI" "no $PEERS_BIN/peer-ompi-allreduce (libopenmpi-dev missing at configure time?)"
 elif ! command -v mpirun.openmpi >/dev/null 2>&1; then
   skip "Open MPI" "no mpirun.openmpi (openmpi-bin)"
+elif [ "$HOSTS" -gt 0 ]; then
+  ompi_hosts=""
+  for ((h = 0; h < HOSTS; ++h)); do ompi_hosts+="${ompi_hosts:+,}127.77.0.$((h + 1)):$PER_HOST"; done
+  ompi_btl=tcp,self
+  [ "$PER_HOST" -gt 1 ] && ompi_btl=tcp,vader,self
+  # More ranks than CPUs: idle ranks yield, as --oversubscribe makes them
+  # on one host (spinning, each op waits for time slices: ms per call).
+  ompi_yield=()
+  [ "$NRANKS" -gt "$(nproc)" ] && ompi_yield=(--mca mpi_yield_when_idle 1)
+  job "Open MPI tcp" ompi-tcp ip netns exec "${NETNS_PREFIX}h0" mpirun.openmpi "${ompi_root[@]}" \
+    -np "$NRANKS" --host "$ompi_hosts" --bind-to none "${ompi_yield[@]}" \
+    --mca plm_rsh_agent "$hosts_sh" \
+    --mca plm_rsh_args rsh --mca btl "$ompi_btl" --mca btl_tcp_if_include eth0 \
+    --mca oob_tcp_if_include eth0 "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
 else
   ompi=(mpirun.openmpi "${ompi_root[@]}" -np "$NRANKS" --oversubscribe --bind-to none)
   job "Open MPI" ompi "${ompi[@]}" "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
@@ -186,7 +258,9 @@ else
 fi
 
 # MPICH, through its Hydra launcher.
-if [ ! -x "$PEERS_BIN/peer-mpich-allreduce" ]; then
+if [ "$HOSTS" -gt 0 ]; then
+  skip MPICH "not run across namespace hosts"
+elif [ ! -x "$PEERS_BIN/peer-mpich-allreduce" ]; then
   skip MPICH "no $PEERS_BIN/peer-mpich-allreduce (libmpich-dev missing at configure time?)"
 elif ! command -v mpiexec.mpich >/dev/null 2>&1; then
   skip MPICH "no mpiexec.mpich (mpich)"
@@ -199,7 +273,7 @@ if [ ! -x "$PEERS_BIN/peer-gloo-allreduce" ]; then
   skip Gloo "no $PEERS_BIN/peer-gloo-allreduce (libgloo-dev missing at configure time?)"
 else
   for algo in $GLOO_ALGOS; do
-    job "Gloo $algo" "gloo-$algo" "$BRAID_BIN/braid-run" -n "$NRANKS" \
+    job "Gloo $algo" "gloo-$algo" env BRAID_UNIQUE_ID="gloo-$algo-$$" "${launch[@]}" \
       "$PEERS_BIN/peer-gloo-allreduce" -A "$algo" "${sizes[@]}"
   done
 fi
@@ -269,6 +343,7 @@ fi
   echo "busy_after=$busy_after"
   echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "nranks=$NRANKS"
+  echo "hosts=$HOSTS"
 } >"$out/machine.txt"
 
 # gnuplot's PNG terminal: cairo's when it has it, else libgd's; none: no plot.
@@ -391,7 +466,10 @@ peers = [(label, points) for label, points, _ in impls if not label.startswith("
 sizes = sorted(braid)
 
 lines = []
-lines.append(f"# braid vs peers: all-reduce, float32 sum, {machine.get('nranks')} ranks, one host\n")
+hosts = int(machine.get("hosts", "0") or 0)
+where = (f"{hosts} namespace hosts of {int(machine.get('nranks', 0)) // hosts} ranks"
+         if hosts else "one host")
+lines.append(f"# braid vs peers: all-reduce, float32 sum, {machine.get('nranks')} ranks, {where}\n")
 lines.append(
     "Out-of-place; time = mean µs per call after warm-up, the slowest rank's; "
     "busbw = size / time × 2(n−1)/n in GB/s (1 GB = 1e9 B), as braid-perf and nccl-tests. "

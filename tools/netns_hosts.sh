@@ -15,8 +15,9 @@
 #       $NETNS_LOGS/rank.r when NETNS_LOGS is set (else nowhere). Exits
 #       non-zero if any rank did.
 #   netns_hosts.sh rsh HOST_ADDRESS COMMAND...
-#       runs the shell COMMAND in the namespace host of that address: an
-#       rsh agent for mpirun (--mca plm_rsh_agent), with NETNS_PREFIX set.
+#       runs the shell COMMAND in the namespace host of that address, under
+#       that namespace's name as hostname: an rsh agent for mpirun (--mca
+#       plm_rsh_agent), with NETNS_PREFIX set.
 set -uo pipefail
 
 address() { echo "127.77.0.$(($1 + 1))"; }
@@ -72,7 +73,11 @@ rsh() {
   local host=$1
   shift
   local h=$((${host##*.} - 1))
-  exec ip netns exec "${NETNS_PREFIX:?NETNS_PREFIX names the namespace hosts}h$h" sh -c "$*"
+  local ns="${NETNS_PREFIX:?NETNS_PREFIX names the namespace hosts}h$h"
+  # Its own hostname too (a UTS namespace): programs that name shared
+  # memory after the hostname (Open MPI's vader) must not meet the other
+  # hosts' segments.
+  exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && $*"
 }
 
 case "${1:-}" in

@@ -8,7 +8,8 @@
 // gloo::rendezvous::FileStore in $TMPDIR (default /tmp), in a folder named
 // after BRAID_UNIQUE_ID when it is set (else after the parent process), which
 // rank 0 removes at the end. Then gloo::rendezvous::Context::connectFullMesh
-// over a gloo::transport::tcp device bound to 127.0.0.1.
+// over a gloo::transport::tcp device bound to 127.0.0.1, or to the interface
+// BRAID_SOCKET_IFNAME names when it is set (across hosts).
 //
 // -A chooses the algorithm:
 //   default           gloo::allreduce(), AllreduceOptions' own choice
@@ -114,7 +115,10 @@ class GlooCollectives : public Collectives {
     store_ = storePath();
     std::filesystem::create_directories(store_);
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    if (const char* ifname = std::getenv("BRAID_SOCKET_IFNAME"); ifname && *ifname)
+      attr.iface = ifname;  // across (namespace) hosts
+    else
+      attr.hostname = "127.0.0.1";
     device_ = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     gloo::rendezvous::FileStore fileStore(store_.string());
