@@ -8,12 +8,12 @@
 #   netns_hosts.sh down PREFIX HOSTS      remove them (no error if absent)
 #   netns_hosts.sh run PREFIX PER_HOST NRANKS PROGRAM ARGS...
 #       starts NRANKS ranks of PROGRAM as a launcher on each host would,
-#       rank r on host r / PER_HOST with BRAID_RANK, BRAID_WORLD_SIZE,
-#       BRAID_ROOT (rank 0's host) and BRAID_SOCKET_IFNAME=eth0 (plus
-#       RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT for programs that read
-#       torchrun's names); rank 0's output goes to stdout, rank r's to
-#       $NETNS_LOGS/rank.r when NETNS_LOGS is set (else nowhere). Exits
-#       non-zero if any rank did.
+#       rank r on host r / PER_HOST with BRAID_ROOT (rank 0's host),
+#       BRAID_SOCKET_IFNAME=eth0 and its rank and the world size as braid-run
+#       names them (BRAID_RANK, BRAID_WORLD_SIZE), or with NETNS_LAUNCHER=slurm
+#       as srun does (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); rank 0's
+#       output goes to stdout, rank r's to $NETNS_LOGS/rank.r when NETNS_LOGS
+#       is set (else nowhere). Exits non-zero if any rank did.
 #   netns_hosts.sh rsh HOST_ADDRESS COMMAND...
 #       runs the shell COMMAND in the namespace host of that address, under
 #       that namespace's name as hostname: an rsh agent for mpirun (--mca
@@ -55,9 +55,15 @@ run() {
   for ((r = 0; r < nranks; ++r)); do
     log=/dev/null
     [ -n "${NETNS_LOGS:-}" ] && log="$NETNS_LOGS/rank.$r"
-    local env=(env BRAID_RANK=$r BRAID_WORLD_SIZE="$nranks" BRAID_ROOT="$(address 0):$port"
-      BRAID_SOCKET_IFNAME=eth0 RANK=$r WORLD_SIZE="$nranks" MASTER_ADDR="$(address 0)"
-      MASTER_PORT=$port)
+    local env=(env BRAID_ROOT="$(address 0):$port" BRAID_SOCKET_IFNAME=eth0)
+    case "${NETNS_LAUNCHER:-braid}" in
+      braid) env+=(BRAID_RANK=$r BRAID_WORLD_SIZE="$nranks") ;;
+      slurm) env+=(SLURM_PROCID=$r SLURM_NTASKS="$nranks" SLURM_LOCALID=$((r % per))) ;;
+      *)
+        echo "netns_hosts.sh: NETNS_LAUNCHER is braid or slurm, not '$NETNS_LAUNCHER'" >&2
+        return 2
+        ;;
+    esac
     if [ "$r" -eq 0 ]; then
       ip netns exec "${prefix}h$((r / per))" "${env[@]}" "$@" &
     else

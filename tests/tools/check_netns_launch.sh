@@ -4,8 +4,10 @@
 # BRAID_ROOT=host0:port PROGRAM`, two hosts (network namespaces on a
 # bridge, loopback-range addresses) of two ranks each. Checks that braid-info
 # --peers sees shm within a host and tcp between hosts, and that braid-perf
-# runs every collective with no wrong element. Exit 77 (skipped) where the
-# namespaces cannot be made.
+# runs every collective with no wrong element; then braid-perf started by
+# the launchers themselves across the hosts: Open MPI's mpirun (where
+# installed), torchrun (where /usr/bin/python3 has torch), and Slurm's
+# variables. Exit 77 (skipped) where the namespaces cannot be made.
 #   check_netns_launch.sh BIN_DIR
 set -uo pipefail
 bin=$1
@@ -79,5 +81,61 @@ else
   tail -n 5 "$out"/perf.*
   failures=$((failures + 1))
 fi
+# The launchers people run on each host, across the namespace hosts, each
+# starting braid-perf -a, which must find its rank and the root in what that
+# launcher sets. Slurm's srun is not here: its variables (SLURM_PROCID,
+# SLURM_NTASKS), as srun sets them, with the root in BRAID_ROOT.
+perf_args=(-a -b 8 -e 1M -f 32 -n 2 -w 1)
+check_perf() {  # NAME: its rank 0 output in $out/NAME.0 says all ranks met, all right
+  if grep -q "nranks $nranks," "$out/$1.0" && grep -q 'Out of bounds values : 0 OK' "$out/$1.0"; then
+    echo "ok   braid-perf -a across namespace hosts, started by $2"
+  else
+    echo "FAIL braid-perf -a across namespace hosts, started by $2"
+    tail -n 8 "$out/$1".* 2>/dev/null
+    failures=$((failures + 1))
+  fi
+}
+NETNS_LAUNCHER=slurm launch slurm "$bin/braid-perf" "${perf_args[@]}"
+check_perf slurm "Slurm's variables (SLURM_PROCID, SLURM_NTASKS) and BRAID_ROOT"
+
+# Open MPI's mpirun in host 0, its daemon on host 1 started through the
+# netns rsh agent; braid reads OMPI_COMM_WORLD_RANK/SIZE and the root from
+# BRAID_ROOT (-x passes it on).
+if command -v mpirun.openmpi >/dev/null 2>&1; then
+  root_flag=()
+  [ "$(id -u)" -eq 0 ] && root_flag=(--allow-run-as-root)
+  NETNS_PREFIX=$prefix timeout 120 ip netns exec "${prefix}h0" mpirun.openmpi "${root_flag[@]}" \
+    -np $nranks --host 127.77.0.1:$ranksPerHost,127.77.0.2:$ranksPerHost --bind-to none \
+    --mca plm_rsh_agent "$hosts_sh" --mca plm_rsh_args rsh --mca oob_tcp_if_include eth0 \
+    -x BRAID_ROOT=127.77.0.1:$((20000 + RANDOM % 20000)) -x BRAID_SOCKET_IFNAME=eth0 \
+    -x BRAID_TIMEOUT=30 "$bin/braid-perf" "${perf_args[@]}" >"$out/mpirun.0" 2>&1
+  check_perf mpirun "mpirun.openmpi --host (one daemon per namespace host)"
+else
+  echo "skip mpirun: no mpirun.openmpi (openmpi-bin)"
+fi
+
+# torchrun, one per host (--nnodes 2, its static rendezvous on host 0):
+# braid reads RANK/WORLD_SIZE and meets at MASTER_ADDR, one port above
+# MASTER_PORT (torchrun's store holds that one). (--redirects and --tee
+# other than 0: Debian's torch 1.13 under Python 3.11 cannot parse "0", the
+# default, as no Flag member has value 0 when iterated there.)
+if /usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1; then
+  port=$((20000 + RANDOM % 20000))
+  pids=()
+  for ((h = 0; h < hosts; ++h)); do
+    ip netns exec "${prefix}h$h" env BRAID_SOCKET_IFNAME=eth0 BRAID_TIMEOUT=30 timeout 120 \
+      /usr/bin/python3 -m torch.distributed.run --nnodes $hosts --node_rank $h \
+      --nproc_per_node $ranksPerHost --master_addr 127.77.0.1 --master_port $port \
+      --redirects 1 --tee 1 --log_dir "$out/torchrun-logs" \
+      --no_python "$bin/braid-perf" "${perf_args[@]}" >"$out/torchrun.$h" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  # Rank 0's output is in host 0's agent's.
+  check_perf torchrun "torchrun --nnodes 2 (/usr/bin/python3 -m torch.distributed.run)"
+else
+  echo "skip torchrun: /usr/bin/python3 has no torch (python3-torch)"
+fi
+
 rm -rf "$out"
 [ "$failures" -eq 0 ]
