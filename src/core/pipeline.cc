@@ -338,6 +338,8 @@ Work Communicator::Impl::issue(PendingOp&& op) {
 
 algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const algo::Shape& shape,
                                                    const std::vector<algo::Algorithm>& contenders) {
+  // 1 + kTimedRounds * (batch + 1) calls per contender, at least
+  // PlanCache::kTrialCalls.
   constexpr int kTimedRounds = 5;
   // The element size's usual type, for the reduction kernel's speed.
   DataType type = DataType::Uint8;

@@ -15,9 +15,14 @@ algo::Algorithm PlanCache::choose(Collective collective, const algo::Shape& shap
   auto found = timed_.find(sizeClass);
   if (found != timed_.end() && algo::applies(collective, found->second, shape))
     return found->second;
+  std::vector<double> predicted;
   const std::vector<algo::Algorithm> contenders =
-      tuning::contenders(collective, shape, model_, kContenderFactor);
-  if (contenders.size() < 2)
+      tuning::contenders(collective, shape, model_, kContenderFactor, &predicted);
+  double trials = 0;
+  for (double seconds : predicted) trials += seconds * kTrialCalls;
+  // On a slow link the trials would cost more than any choice could save
+  // (seconds per call): the model decides, as where it sees one contender.
+  if (contenders.size() < 2 || trials > kTrialSeconds)
     return tuning::choose(collective, shape, preference_, oneShotBytes_, &model_);
   algorithm = timer_(collective, shape, contenders);
   timed_[sizeClass] = algorithm;

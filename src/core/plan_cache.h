@@ -40,7 +40,8 @@ class PlanCache {
                                               const std::vector<algo::Algorithm>&)>;
   // From now on, where the model finds several algorithms within
   // kContenderFactor of the fastest prediction for a call of at most
-  // kTimedBytes, let `timer` pick among them (BRAID_TUNING=measured). Once
+  // kTimedBytes (and whose trials the model predicts to take at most
+  // kTrialSeconds), let `timer` pick among them (BRAID_TUNING=measured). Once
   // per collective, element size and power-of-two size class: the pick
   // holds for every size of the class. REQUIRES: a model.
   void timeWith(Timer timer) { timer_ = std::move(timer); }
@@ -48,6 +49,11 @@ class PlanCache {
   size_t timedClasses() const { return timed_.size(); }
   static constexpr size_t kTimedBytes = size_t{4} << 20;
   static constexpr double kContenderFactor = 2.0;
+  // The timer runs each contender at least kTrialCalls times (see
+  // Impl::timeContenders); where the model predicts that all of them
+  // together take more than kTrialSeconds, the model's choice stands.
+  static constexpr int kTrialCalls = 16;
+  static constexpr double kTrialSeconds = 1.0;
 
   // From now on, choose by this link model (BRAID_TUNING=measured, model).
   void useModel(const algo::LinkModel& model) {

@@ -183,7 +183,9 @@ bool preferred(Collective collective, const algo::Shape& shape, const AlgoPrefer
 }
 
 std::vector<Algorithm> contenders(Collective collective, const algo::Shape& shape,
-                                  const algo::LinkModel& model, double factor) {
+                                  const algo::LinkModel& model, double factor,
+                                  std::vector<double>* seconds) {
+  if (seconds) seconds->clear();
   if (shape.nranks <= 1 || shape.nranks > kModelRanks || collective == Collective::Send ||
       collective == Collective::Recv)
     return {};
@@ -206,8 +208,11 @@ std::vector<Algorithm> contenders(Collective collective, const algo::Shape& shap
   std::stable_sort(predicted.begin(), predicted.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<Algorithm> out;
-  for (const auto& [seconds, a] : predicted)
-    if (seconds <= predicted.front().first * factor) out.push_back(a);
+  for (const auto& [time, a] : predicted)
+    if (time <= predicted.front().first * factor) {
+      out.push_back(a);
+      if (seconds) seconds->push_back(time);
+    }
   return out;
 }
 

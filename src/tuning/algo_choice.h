@@ -72,8 +72,10 @@ bool preferred(algo::Collective collective, const algo::Shape& shape,
 // over `model` to take at most `factor` times the fastest one's time,
 // fastest first (ties in the catalog's order). Empty for a single rank, for
 // more than kModelRanks ranks and for point-to-point.
+// With `seconds`, also each one's predicted time, in the same order.
 std::vector<algo::Algorithm> contenders(algo::Collective collective, const algo::Shape& shape,
-                                        const algo::LinkModel& model, double factor);
+                                        const algo::LinkModel& model, double factor,
+                                        std::vector<double>* seconds = nullptr);
 
 // The most ranks the model choice simulates; larger communicators use the
 // fixed choice (simulating them would make a first call slow).
