@@ -258,6 +258,49 @@ TEST(MultiHost, TheTunerPicksHierarchicalAlgorithmsForRanksNumberedHostByHost) {
   }
 }
 
+// A link throttled to 20 Mbit/s each way (tc's token bucket on both hosts'
+// eth0): a 4 MiB all-reduce then takes seconds, every result is still
+// right, and nothing times out at the default timeout.
+TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  for (int h = 0; h < 2; ++h) {
+    const std::string throttle = "ip netns exec " + hosts.name(h) +
+                                 " tc qdisc add dev eth0 root tbf rate 20mbit burst 32kb"
+                                 " latency 200ms";
+    if (std::system(throttle.c_str()) != 0) GTEST_SKIP() << "tc cannot add a tbf qdisc here";
+  }
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "eth0";
+  options.config.socketIfname = "";  // and BRAID_TIMEOUT's default
+  options.deadline = std::chrono::seconds(120);
+  options.enter = [&](int rank) { hosts.enter(rank); };
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int r = comm.rank();
+        const size_t count = size_t{1} << 20;  // 4 MiB of int32
+        std::vector<int32_t> in(count), out(count, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i % 977) * (r + 1);
+        const auto start = std::chrono::steady_clock::now();
+        for (int round = 0; round < 2; ++round) {
+          comm.allReduce(in.data(), out.data(), count, DataType::Int32, ReduceOp::Sum);
+          for (size_t i = 0; i < count; ++i)
+            require(out[i] == static_cast<int32_t>(i % 977) * 3,
+                    format("all-reduce element %zu is %d", i, out[i]));
+        }
+        std::vector<int32_t> all(2 * 4096, -1), mine(4096, r + 7);
+        comm.allGather(mine.data(), all.data(), mine.size(), DataType::Int32);
+        require(all[0] == 7 && all[4096] == 8, "all-gather over the throttled link");
+        // 2 x 4 MiB each way at 20 Mbit/s is 3.4 s: under 2 s, nothing was throttled.
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        require(seconds > 2.0, format("the throttled all-reduces took only %.2f s", seconds));
+      },
+      options);
+}
+
 // Network faults between two namespace hosts, in the middle of all-reduce
 // loops over tcp, each at three moments: the link taken down; a silent
 // partition (blackhole routes both ways: packets vanish, the link stays
