@@ -1,5 +1,7 @@
 #include "core/knobs.h"
 
+#include <strings.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -19,10 +21,16 @@ const std::vector<KnobInfo>& knobTable() {
        "waits a quarter more (at most 1 s) for a peer to say whom it blames",
        nullptr},
       {"BRAID_TRANSPORT", "list", "",
-       "ordered transports to use, e.g. \"tcp\"; empty picks the best per peer", nullptr},
+       "ordered transports to use: shm, tcp, ucx (where built), e.g. \"tcp\" or \"shm,ucx\"; "
+       "empty picks the best per peer",
+       nullptr},
       {"BRAID_SOCKET_IFNAME", "string", "",
        "network interface for bootstrap and TCP; empty uses the one that routes to the root",
        "NCCL_SOCKET_IFNAME"},
+      {"BRAID_UCX", "string", "AUTO",
+       "AUTO: ranks on different hosts use ucx where it is built and starts on every rank, else "
+       "tcp; ON: failing to start it is an error; OFF: tcp (BRAID_TRANSPORT=ucx still selects it)",
+       nullptr},
       {"BRAID_CHUNK_BYTES", "bytes", "1M",
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
@@ -91,6 +99,25 @@ const char* tuningName(Tuning tuning) {
       return "fixed";
   }
   return "?";
+}
+
+const char* ucxUseName(UcxUse use) {
+  switch (use) {
+    case UcxUse::Auto:
+      return "AUTO";
+    case UcxUse::On:
+      return "ON";
+    case UcxUse::Off:
+      return "OFF";
+  }
+  return "?";
+}
+
+UcxUse parseUcxUse(const std::string& text) {
+  for (UcxUse use : {UcxUse::Auto, UcxUse::On, UcxUse::Off})
+    if (strcasecmp(text.c_str(), ucxUseName(use)) == 0) return use;
+  throw Error(ErrorCode::InvalidArgument,
+              format("braid: BRAID_UCX: '%s' is not AUTO, ON or OFF", text.c_str()));
 }
 
 std::string getEnv(const char* name) {
@@ -275,6 +302,7 @@ Knobs Knobs::resolve(const Config& config) {
                 format("braid: BRAID_DEVICE_SLOT_BYTES x BRAID_DEVICE_SLOTS is %zu bytes; a "
                        "device FIFO needs at least 128K",
                        knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots)));
+  knobs.ucx = parseUcxUse(lookup(knob("BRAID_UCX")).first);
   knobs.deviceChunkBytes = knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots) / 2;
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.
