@@ -1,0 +1,309 @@
+#include "transports/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "braid/error.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "transports/ucx/ucx_connection.h"
+#include "transports/ucx/ucx_worker.h"
+
+namespace braid::transport::ucx {
+namespace {
+
+// How long set-up waits for every peer's hello before the ranks give up on
+// UCX together.
+constexpr std::chrono::seconds kGreetWithin{30};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(std::unique_ptr<Worker> worker, int nranks)
+      : worker_(std::move(worker)), byRank_(nranks) {}
+
+  // Last words, then every endpoint closed (a bounded wait for those that
+  // flush), the receives cancelled, and the worker destroyed while the
+  // connections whose callbacks it may still call are alive. Never waits
+  // for a dead peer: its endpoint is closed by force, and every wait here
+  // has a bound.
+  ~UcxTransport() override {
+    for (auto& connection : connections_) connection->sayLastWord({kBye, -1});
+    std::vector<void*> closing;
+    for (auto& connection : connections_)
+      if (void* request = connection->startClose()) closing.push_back(request);
+    const Clock::time_point closeBy = Clock::now() + kCloseWithin;
+    auto stillClosing = [&] {
+      for (void* request : closing)
+        if (ucp_request_check_status(request) == UCS_INPROGRESS) return true;
+      return false;
+    };
+    ucs_status_t status = UCS_OK;
+    while (stillClosing() && Clock::now() < closeBy)
+      if (!worker_->sleep(std::min(closeBy, Clock::now() + kIdleSlice), &status)) break;
+    for (void* request : closing) ucp_request_free(request);  // UCX frees those still going
+    for (auto& connection : connections_) connection->cancelReceives();
+    const Clock::time_point cancelBy = Clock::now() + kCancelWithin;
+    auto outstanding = [&] {
+      for (auto& connection : connections_)
+        if (connection->requestsOutstanding()) return true;
+      return false;
+    };
+    while (outstanding() && Clock::now() < cancelBy)
+      if (!worker_->sleep(std::min(cancelBy, Clock::now() + kIdleSlice), &status)) break;
+    worker_.reset();
+  }
+
+  void add(std::unique_ptr<UcxConnection> connection) {
+    byRank_[connection->peer()] = connection.get();
+    connections_.push_back(std::move(connection));
+    pollFds_.reserve(connections_.size() + 1);
+    watched_.reserve(connections_.size());
+  }
+  Shared& shared() { return shared_; }
+  Worker& worker() { return *worker_; }
+
+  const char* name() const override { return "ucx"; }
+  Connection& connection(int peer) override { return *byRank_[peer]; }
+
+  // One turn of the worker, then what the callbacks left: words taken in,
+  // UCX errors settled (after the words: a peer that said bye or gave up
+  // is closed, not failed), notices that waited for memory sent.
+  bool progress() override {
+    throwIfFailed();
+    const uint64_t before = shared_.activity;
+    const bool turned = ucp_worker_progress(worker_->handle()) != 0;
+    for (auto& connection : connections_) {
+      connection->pumpWords();
+      connection->settle();
+      connection->sendNotice();
+    }
+    throwIfFailed();
+    return turned || shared_.activity != before;
+  }
+
+  int failedPeer() const override { return failedPeer_; }
+
+  void prepareToWait() override { snapshot_ = shared_.activity; }
+
+  // Sleeps on the worker's event file descriptor, and on the pidfds of
+  // same-host peers, until anything happened since prepareToWait().
+  void waitForActivity(Clock::time_point until) override {
+    for (;;) {
+      if (shared_.activity != snapshot_ || shared_.anyFailure) return;
+      if (Clock::now() >= until) return;
+      const ucs_status_t armed = arm(worker_->handle(), until);
+      if (armed == UCS_INPROGRESS) continue;  // an event came first: look again
+      if (armed != UCS_OK) {
+        failure_ = format("arming the UCX worker failed: %s", ucs_status_string(armed));
+        shared_.anyFailure = true;
+        return;
+      }
+      pollFds_.assign(1, {worker_->eventFd(), POLLIN, 0});
+      watched_.clear();
+      for (auto& connection : connections_)
+        if (connection->pidFd() >= 0) {
+          pollFds_.push_back({connection->pidFd(), POLLIN, 0});
+          watched_.push_back(connection.get());
+        }
+      const auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+      if (wait.count() <= 0) return;
+      timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
+                       static_cast<long>(wait.count() % 1000000000)};
+      if (::ppoll(pollFds_.data(), pollFds_.size(), &timeout, nullptr) <= 0) return;
+      for (size_t i = 1; i < pollFds_.size(); ++i)
+        if (pollFds_[i].revents) {
+          // Whatever the peer said before it went is in the worker: take
+          // it in before judging.
+          for (int turn = 0; turn < 1000 && ucp_worker_progress(worker_->handle()) != 0; ++turn) {
+          }
+          watched_[i - 1]->processExited();
+        }
+      return;
+    }
+  }
+
+  void announceWaitingFor(int rank) override {
+    for (auto& connection : connections_) connection->noteWaitingFor(rank);
+  }
+
+  // The last word to every peer, synchronously, so that each has it before
+  // this rank closes its endpoints by force: at most kGiveUpWithin.
+  void announceFailure(int failedRank, bool timedOut) override {
+    for (auto& connection : connections_)
+      connection->sayLastWord({timedOut ? kTimedOut : kFailed, failedRank});
+    const Clock::time_point until = Clock::now() + kGiveUpWithin;
+    auto inFlight = [&] {
+      for (auto& connection : connections_)
+        if (connection->lastWordInFlight()) return true;
+      return false;
+    };
+    ucs_status_t status = UCS_OK;
+    while (inFlight() && Clock::now() < until)
+      if (!worker_->sleep(std::min(until, Clock::now() + kIdleSlice), &status)) break;
+  }
+
+  // Says hello to every peer and waits until each has said hello, a
+  // connection failed, or `until`. Returns "" or why not.
+  std::string greet(int rank, Clock::time_point until) {
+    for (auto& connection : connections_) connection->sayHello();
+    try {
+      for (;;) {
+        progress();
+        UcxConnection* silent = nullptr;
+        for (auto& connection : connections_)
+          if (!connection->heardHello() && !silent) silent = connection.get();
+        if (!silent) return "";
+        if (Clock::now() >= until)
+          return format("rank %d heard nothing from rank %d over UCX in time", rank,
+                        silent->peer());
+        prepareToWait();
+        if (!progress()) waitForActivity(std::min(until, Clock::now() + kIdleSlice));
+      }
+    } catch (const Error& error) {
+      return format("rank %d: %s", rank, error.what());
+    }
+  }
+
+ private:
+  // How long announceFailure() may take, over all connections.
+  static constexpr std::chrono::milliseconds kGiveUpWithin{200};
+  // How long the destructor waits for endpoints that flush, and then for
+  // cancelled receives.
+  static constexpr std::chrono::milliseconds kCloseWithin{1000};
+  static constexpr std::chrono::milliseconds kCancelWithin{200};
+  static constexpr std::chrono::milliseconds kIdleSlice{10};
+
+  void throwIfFailed() {
+    if (!shared_.anyFailure) return;
+    if (!failure_.empty()) {
+      failedPeer_ = -1;
+      throw Error(ErrorCode::SystemError, failure_);
+    }
+    for (auto& connection : connections_)
+      if (!connection->failure().empty()) {
+        failedPeer_ = connection->peer();
+        throw Error(ErrorCode::RemoteError, connection->failure());
+      }
+  }
+
+  std::unique_ptr<Worker> worker_;  // destroyed first, explicitly (see the destructor)
+  Shared shared_;
+  std::vector<std::unique_ptr<UcxConnection>> connections_;
+  std::vector<UcxConnection*> byRank_;
+  std::vector<pollfd> pollFds_;          // the worker's event fd, then the pidfds of watched_
+  std::vector<UcxConnection*> watched_;  // preallocated: no allocation per wait
+  uint64_t snapshot_ = 0;
+  int failedPeer_ = -1;
+  std::string failure_;  // of the worker itself
+};
+
+// The pid namespace of this process (its inode), to tell whether a peer's
+// pid means the same process here.
+uint64_t pidNamespace() {
+  struct stat info {};
+  return ::stat("/proc/self/ns/pid", &info) == 0 ? static_cast<uint64_t>(info.st_ino) : 0;
+}
+
+// A rank's verdict on a step of set-up, gathered so that every rank takes
+// the same way on.
+struct Verdict {
+  uint32_t ok;
+  char why[124];
+};
+static_assert(sizeof(Verdict) == 128, "one allgather block");
+
+// Gathers every rank's verdict; returns "" when all are ok, else the first
+// rank's reason.
+std::string agree(bootstrap::Bootstrap& bootstrap, const std::string& mine,
+                  net::Deadline deadline) {
+  std::vector<Verdict> all(static_cast<size_t>(bootstrap.size()));
+  Verdict& own = all[static_cast<size_t>(bootstrap.rank())];
+  own.ok = mine.empty() ? 1 : 0;
+  std::snprintf(own.why, sizeof(own.why), "%s", mine.c_str());
+  bootstrap.allGather(all.data(), sizeof(Verdict), deadline);
+  for (const Verdict& verdict : all)
+    if (!verdict.ok) return std::string(verdict.why, strnlen(verdict.why, sizeof(verdict.why)));
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  size_t slotBytes, int slots, net::Deadline deadline,
+                                  std::string* whyNot) {
+  const int rank = bootstrap.rank();
+  const int nranks = bootstrap.size();
+  if (nranks > (1 << kRankBits)) {  // the same on every rank
+    *whyNot = format("UCX's tags carry at most %d ranks, and this communicator has %d",
+                     1 << kRankBits, nranks);
+    return nullptr;
+  }
+
+  // 1. This rank's context and worker, and what the peers need to know.
+  std::unique_ptr<Worker> worker;
+  std::string why;
+  try {
+    worker = Worker::open(nranks);
+  } catch (const Error& error) {
+    why = format("rank %d could not start UCX: %s", rank, error.what());
+  }
+  struct Offer {
+    uint32_t addressBytes;
+    int32_t pid;
+    uint64_t pidNamespace;
+  };
+  std::vector<Offer> offers(static_cast<size_t>(nranks));
+  offers[rank] = {worker ? static_cast<uint32_t>(worker->address().size()) : 0,
+                  static_cast<int32_t>(::getpid()), pidNamespace()};
+  bootstrap.allGather(offers.data(), sizeof(Offer), deadline);
+  if (std::string first = agree(bootstrap, why, deadline); !first.empty()) {
+    *whyNot = first;
+    return nullptr;
+  }
+
+  // 2. Worker addresses, through the bootstrap's allgather.
+  size_t width = 0;
+  for (const Offer& offer : offers) width = std::max<size_t>(width, offer.addressBytes);
+  std::vector<std::byte> addresses(width * static_cast<size_t>(nranks));
+  std::memcpy(&addresses[width * rank], worker->address().data(), worker->address().size());
+  bootstrap.allGather(addresses.data(), width, deadline);
+
+  // 3. An endpoint to each peer, and the receives posted.
+  auto transport = std::make_unique<UcxTransport>(std::move(worker), nranks);
+  const uint32_t comm = communicatorBits(bootstrap.secret());
+  const std::string& host = bootstrap.table()[rank].hostId;
+  for (int peer : peers) {
+    auto connection =
+        std::make_unique<UcxConnection>(transport->shared(), transport->worker(), rank, nranks,
+                                        peer, comm, slotBytes, static_cast<size_t>(slots));
+    if (bootstrap.table()[peer].hostId == host &&
+        offers[peer].pidNamespace == offers[rank].pidNamespace &&
+        offers[peer].pid != offers[rank].pid)
+      connection->watchProcess(offers[peer].pid);
+    if (why.empty()) {
+      why = connection->connect(reinterpret_cast<const ucp_address_t*>(&addresses[width * peer]));
+      if (!why.empty()) why = format("rank %d: %s", rank, why.c_str());
+    }
+    transport->add(std::move(connection));
+  }
+  if (std::string first = agree(bootstrap, why, deadline); !first.empty()) {
+    *whyNot = first;
+    return nullptr;
+  }
+
+  // 4. A hello each way on every endpoint: UCX has wired them up.
+  why = transport->greet(rank, std::min(deadline, Clock::now() + kGreetWithin));
+  if (std::string first = agree(bootstrap, why, deadline); !first.empty()) {
+    *whyNot = first;
+    return nullptr;
+  }
+  for (int peer : peers) BRAID_DEBUG(Tcp, "ucx: connected to peer %d", peer);
+  return transport;
+}
+
+}  // namespace braid::transport::ucx
