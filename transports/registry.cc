@@ -5,11 +5,16 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "core/knobs.h"
+#include "core/log.h"
 #include "transports/cuda_ipc/cuda_ipc_transport.h"
 #include "transports/self/self_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_device.h"
 #include "transports/tcp/tcp_transport.h"
+#if BRAID_HAVE_UCX
+#include "transports/ucx/ucx_transport.h"
+#endif
 
 namespace braid::transport {
 namespace {
@@ -31,7 +36,8 @@ std::vector<std::string> splitList(const std::string& text) {
 bool canReach(const std::string& name, const bootstrap::Bootstrap& bootstrap, int a, int b) {
   if (name == "shm")  // same host: same hostname, boot id and network namespace
     return bootstrap.table()[a].hostId == bootstrap.table()[b].hostId;
-  return name == "tcp";  // tcp reaches every peer that the bootstrap reached
+  // tcp and ucx reach every peer that the bootstrap reached.
+  return name == "tcp" || name == "ucx";
 }
 
 std::vector<std::string> preferenceOrder(const std::string& preference) {
@@ -49,12 +55,29 @@ std::string chosen(const std::vector<std::string>& order, const bootstrap::Boots
   return "";
 }
 
+// Whether some pair of ranks takes `name` for host buffers under `order`
+// (every rank gives the same answer, from the table alone).
+bool anyPairTakes(const std::vector<std::string>& order, const bootstrap::Bootstrap& bootstrap,
+                  const std::string& name) {
+  for (int a = 0; a < bootstrap.size(); ++a)
+    for (int b = a + 1; b < bootstrap.size(); ++b)
+      if (chosen(order, bootstrap, a, b) == name) return true;
+  return false;
+}
+
 // Device buffers go the way host buffers go: between ranks whose host
 // buffers take shm, through device memory both map (cuda_ipc, nvlink_p2p);
-// between ranks whose host buffers take tcp, staged over tcp.
+// between ranks whose host buffers take tcp or ucx, staged over tcp. (tcp's
+// device proxy opens connections of its own through the bootstrap
+// listeners, whichever transport carries the host buffers; UCX as Debian
+// builds it has no CUDA support to stage through.) Under the automatic
+// choice ucx may fall back to tcp at wireUp(); either way it is the same
+// answer here.
 bool deviceOverTcp(const std::vector<std::string>& order, const bootstrap::Bootstrap& bootstrap,
                    int a, int b) {
-  return a != b && chosen(order, bootstrap, a, b) == "tcp";
+  if (a == b) return false;
+  const std::string name = chosen(order, bootstrap, a, b);
+  return name == "tcp" || name == "ucx";
 }
 
 // This rank's device connections from two transports, each serving some
@@ -121,22 +144,87 @@ std::vector<int> mappedPeers(const std::vector<std::string>& order,
   return peers;
 }
 
+// The automatic choice between hosts, collective over the communicator:
+// ucx where built and BRAID_UCX allows it, if UCX starts on every rank;
+// nullptr means tcp. `peers` are this rank's peers on other hosts.
+std::unique_ptr<Transport> ucxAcrossHosts(const Setup& setup, const std::vector<int>& peers) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const int rank = bootstrap.rank();
+  const UcxUse use = setup.ucx ? *setup.ucx : parseUcxUse(knobText("BRAID_UCX"));
+  // Every rank must take the same way: compare the knob first.
+  std::vector<uint8_t> uses(static_cast<size_t>(bootstrap.size()));
+  uses[static_cast<size_t>(rank)] = static_cast<uint8_t>(use);
+  bootstrap.allGather(uses.data(), 1, setup.deadline);
+  for (int r = 1; r < bootstrap.size(); ++r)
+    if (uses[static_cast<size_t>(r)] != uses[0])
+      fail(ErrorCode::InvalidArgument, rank,
+           format("BRAID_UCX is %s on rank 0 and %s on rank %d: every rank must set it alike",
+                  ucxUseName(static_cast<UcxUse>(uses[0])),
+                  ucxUseName(static_cast<UcxUse>(uses[static_cast<size_t>(r)])), r));
+  if (use == UcxUse::Off) return nullptr;
+#if BRAID_HAVE_UCX
+  std::string whyNot;
+  std::unique_ptr<Transport> created =
+      ucx::create(bootstrap, peers, setup.slotBytes, setup.slots, setup.deadline, &whyNot);
+  if (created) return created;
+  if (use == UcxUse::On)
+    fail(ErrorCode::SystemError, rank, format("BRAID_UCX is ON, and %s", whyNot.c_str()));
+  BRAID_INFO(Init, "ranks on different hosts use tcp: ucx cannot carry this communicator (%s)",
+             whyNot.c_str());
+  return nullptr;
+#else
+  (void)peers;
+  if (use == UcxUse::On)
+    fail(ErrorCode::SystemError, rank,
+         "BRAID_UCX is ON, and this library was built without UCX (BRAID_UCX=OFF at build, or "
+         "no libucx-dev)");
+  return nullptr;
+#endif
+}
+
+// ucx where BRAID_TRANSPORT names it: failing to start it is an error, on
+// every rank alike.
+std::unique_ptr<Transport> ucxAsked(const Setup& setup, const std::vector<int>& peers) {
+#if BRAID_HAVE_UCX
+  std::string whyNot;
+  std::unique_ptr<Transport> created =
+      ucx::create(setup.bootstrap, peers, setup.slotBytes, setup.slots, setup.deadline, &whyNot);
+  if (!created)
+    fail(ErrorCode::SystemError, setup.bootstrap.rank(),
+         format("BRAID_TRANSPORT names ucx, and %s", whyNot.c_str()));
+  return created;
+#else
+  (void)setup, (void)peers;
+  return nullptr;  // (wireUp refuses an unbuilt transport first)
+#endif
+}
+
 }  // namespace
 
-std::vector<std::string> builtTransports() { return {"self", "shm", "tcp"}; }
+std::vector<std::string> builtTransports() {
+#if BRAID_HAVE_UCX
+  return {"self", "shm", "tcp", "ucx"};
+#else
+  return {"self", "shm", "tcp"};
+#endif
+}
 
 Wiring wireUp(const Setup& setup, const std::string& preference) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
   const int rank = bootstrap.rank();
   const int nranks = bootstrap.size();
   const std::vector<std::string> order = preferenceOrder(preference);
+  const bool automatic = splitList(preference).empty();
   const std::vector<std::string> built = builtTransports();
+  std::string builtList;  // those BRAID_TRANSPORT may name
+  for (const std::string& name : built)
+    if (name != "self") builtList += (builtList.empty() ? "" : ", ") + name;
   for (const std::string& name : order) {
     if (std::find(built.begin(), built.end(), name) == built.end() || name == "self")
       fail(ErrorCode::InvalidArgument, rank,
            format("BRAID_TRANSPORT names '%s', which is not a transport built into this "
-                  "library (built: shm, tcp)",
-                  name.c_str()));
+                  "library (built: %s)",
+                  name.c_str(), builtList.c_str()));
   }
 
   Wiring wiring;
@@ -156,11 +244,18 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
   }
 
   // Transports are created in the same order on every rank, each by every
-  // rank (their set-up is collective), even where it serves no peer here.
+  // rank (their set-up is collective), even where it serves no peer here;
+  // ucx only where some pair takes it (its set-up costs a worker per rank).
   for (size_t i = 0; i < order.size(); ++i) {
     std::unique_ptr<Transport> created;
-    if (order[i] == "tcp")
+    if (order[i] == "tcp" && automatic && anyPairTakes(order, bootstrap, "tcp"))
+      created = ucxAcrossHosts(setup, peersOf[i]);
+    if (order[i] == "tcp" && !created)
       created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
+    if (order[i] == "ucx") {
+      if (!anyPairTakes(order, bootstrap, "ucx")) continue;
+      created = ucxAsked(setup, peersOf[i]);
+    }
     if (order[i] == "shm")
       created = shm::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
     if (peersOf[i].empty()) continue;

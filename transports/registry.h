@@ -3,10 +3,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "core/knobs.h"
 #include "device/device.h"
 #include "transports/device_transport.h"
 #include "transports/transport.h"
@@ -18,6 +20,9 @@ struct Setup {
   size_t slotBytes;
   int slots;
   net::Deadline deadline;
+  // BRAID_UCX as the communicator resolved it (Knobs::ucx); unset: wireUp()
+  // resolves the knob itself, at the communicator's creation all the same.
+  std::optional<UcxUse> ucx = std::nullopt;
 };
 
 // Every peer's connection and the transports that own them.
@@ -28,9 +33,13 @@ struct Wiring {
 };
 
 // Collective over the communicator. `preference` is an ordered comma list
-// ("tcp", "shm,tcp") or empty for the automatic choice. Throws
+// ("tcp", "shm,tcp", "shm,ucx") or empty for the automatic choice: shm
+// between ranks on one host; between hosts ucx where it is built and
+// BRAID_UCX allows (and it starts on every rank), else tcp. Throws
 // Error(InvalidArgument) naming BRAID_TRANSPORT for an unknown or unbuilt
-// transport, or one that cannot reach some peer.
+// transport, or one that cannot reach some peer; naming BRAID_UCX when
+// ranks set it differently; Error(SystemError) when a transport asked for
+// (BRAID_TRANSPORT=ucx, BRAID_UCX=ON) cannot start.
 Wiring wireUp(const Setup& setup, const std::string& preference);
 
 std::vector<std::string> builtTransports();
@@ -40,7 +49,8 @@ std::vector<std::string> builtTransports();
 // and BRAID_DEVICE_SLOTS. Device buffers go the way host buffers go under
 // `preference` (wireUp()): to a peer whose host buffers take shm through
 // device memory both map (cuda_ipc, or nvlink_p2p within a process), to
-// one whose host buffers take tcp staged through host memory over tcp.
+// one whose host buffers take tcp or ucx staged through host memory over
+// tcp.
 std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::string& preference,
                                             device::Device& device, int deviceIndex);
 
