@@ -251,7 +251,8 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
     if (order[i] == "tcp" && automatic && anyPairTakes(order, bootstrap, "tcp"))
       created = ucxAcrossHosts(setup, peersOf[i]);
     if (order[i] == "tcp" && !created)
-      created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);
+      created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.sockets,
+                            setup.deadline);
     if (order[i] == "ucx") {
       if (!anyPairTakes(order, bootstrap, "ucx")) continue;
       created = ucxAsked(setup, peersOf[i]);

@@ -23,6 +23,7 @@ struct Setup {
   // BRAID_UCX as the communicator resolved it (Knobs::ucx); unset: wireUp()
   // resolves the knob itself, at the communicator's creation all the same.
   std::optional<UcxUse> ucx = std::nullopt;
+  int sockets = 1;  // per tcp connection (BRAID_NSOCKS_PERTHREAD)
 };
 
 // Every peer's connection and the transports that own them.

@@ -79,7 +79,7 @@ int usableCores() {
 // ranks that read different values would build plans that do not match.
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
-    uint64_t slotBytes, slots, chunkBytes, oneShotBytes, algo, tuning, deterministic;
+    uint64_t slotBytes, slots, sockets, chunkBytes, oneShotBytes, algo, tuning, deterministic;
     uint64_t deviceSlotBytes, deviceSlots, deviceGraphs;
     char transports[48];
   };
@@ -88,6 +88,7 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   std::memset(&mine, 0, sizeof(mine));
   mine.slotBytes = knobs.slotBytes;
   mine.slots = static_cast<uint64_t>(knobs.slots);
+  mine.sockets = static_cast<uint64_t>(knobs.sockets);
   mine.chunkBytes = knobs.chunkBytes;
   mine.oneShotBytes = knobs.oneShotBytes;
   mine.tuning = static_cast<uint64_t>(knobs.tuning);
@@ -112,6 +113,9 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
       differ("BRAID_SLOT_BYTES", std::to_string(mine.slotBytes), std::to_string(theirs.slotBytes));
     if (theirs.slots != mine.slots)
       differ("BRAID_SLOTS", std::to_string(mine.slots), std::to_string(theirs.slots));
+    if (theirs.sockets != mine.sockets)
+      differ("BRAID_NSOCKS_PERTHREAD", std::to_string(mine.sockets),
+             std::to_string(theirs.sockets));
     if (theirs.chunkBytes != mine.chunkBytes)
       differ("BRAID_CHUNK_BYTES (Config::chunkBytes)", std::to_string(mine.chunkBytes),
              std::to_string(theirs.chunkBytes));
@@ -291,8 +295,9 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   for (algo::Shape& shape : shapes) shape.localRanks = perHost;
   devicePlans.useModel(tuning::defaultLink("cuda_ipc"));
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
-  wiring = transport::wireUp(
-      {*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)}, knobs.transports);
+  transport::Setup setup{*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)};
+  setup.sockets = knobs.sockets;
+  wiring = transport::wireUp(setup, knobs.transports);
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
   setUpDevice();

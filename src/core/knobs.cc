@@ -35,6 +35,10 @@ const std::vector<KnobInfo>& knobTable() {
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
       {"BRAID_SLOT_BYTES", "bytes", "256K", "bytes per FIFO slot of a connection", nullptr},
       {"BRAID_SLOTS", "int", "8", "slots per FIFO of a connection", nullptr},
+      {"BRAID_NSOCKS_PERTHREAD", "int", "1",
+       "sockets per tcp connection (1 to 16), messages taking turns on them; braid drives them "
+       "all from the executor's thread, so NCCL_SOCKET_NTHREADS has no counterpart",
+       nullptr},
       {"BRAID_DEVICE", "string", "auto",
        "device memory: auto (CUDA where built and a GPU is present, else none), cuda, emulated "
        "(host memory posing as a GPU, for tests) or none",
@@ -250,6 +254,11 @@ Knobs Knobs::resolve(const Config& config) {
                 "braid: BRAID_SLOT_BYTES must be a multiple of 64 between 4K and 1G");
   if (knobs.slots < 2 || knobs.slots > 512)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_SLOTS must be between 2 and 512");
+  knobs.sockets = static_cast<int>(
+      parseInt(lookup(knob("BRAID_NSOCKS_PERTHREAD")).first, "BRAID_NSOCKS_PERTHREAD"));
+  if (knobs.sockets < 1 || knobs.sockets > 16)
+    throw Error(ErrorCode::InvalidArgument,
+                "braid: BRAID_NSOCKS_PERTHREAD must be between 1 and 16");
   knobs.chunkBytes = config.chunkBytes > 0
                          ? config.chunkBytes
                          : parseBytes(lookup(knob("BRAID_CHUNK_BYTES")).first, "BRAID_CHUNK_BYTES");

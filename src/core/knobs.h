@@ -58,6 +58,7 @@ struct Knobs {
   size_t chunkBytes;         // bytes per pipeline chunk of a collective step
   size_t slotBytes;          // bytes per FIFO slot of a connection
   int slots;                 // slots per FIFO
+  int sockets;               // BRAID_NSOCKS_PERTHREAD: sockets per tcp connection
   size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
   size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
   std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)

@@ -17,6 +17,10 @@ namespace braid::transport::tcp {
 namespace {
 
 constexpr uint32_t kPurpose = static_cast<uint32_t>(bootstrap::Purpose::kTransportBase) + 0;
+// Sockets 1, 2, ... of a connection (BRAID_NSOCKS_PERTHREAD), past the
+// other transports' purposes.
+constexpr uint32_t kMoreSocketsPurpose =
+    static_cast<uint32_t>(bootstrap::Purpose::kTransportBase) + 32;
 
 struct FrameHeader {
   uint32_t bytes;
@@ -31,20 +35,45 @@ constexpr uint32_t kWord = 0x80000000u;
 constexpr uint32_t kNoRank = ~kWord;
 enum Word : uint32_t { kFailed = 0, kTimedOut = 1, kWaitingFor = 2 };
 
+// One socket of a connection: it carries the messages m with m % sockets
+// == its index, in order, as [header | payload] frames (so a step's pieces
+// go over every socket at once, and each socket's stream reads like a
+// connection of its own). Socket 0 also carries the notices and the
+// giving-up word.
+struct Stream {
+  net::Socket socket;
+  // Sending: frames [sent, ...) of this stream's messages are posted and not
+  // yet fully written; `offset` bytes of the first one are out. Frames past
+  // `limit` are never written (after giving up).
+  size_t sent = 0;
+  size_t offset = 0;
+  size_t limit = ~size_t{0};
+  // Receiving: this stream's messages [0, received) are in their slots; the
+  // frame being read goes to the next one.
+  size_t received = 0;
+  FrameHeader header{};
+  size_t headerRead = 0;
+  size_t payloadRead = 0;
+  bool closed = false;  // the peer closed this socket
+};
+
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(net::Socket socket, int peer, size_t slotBytes, int slots)
-      : socket_(std::move(socket)),
-        peer_(peer),
+  TcpConnection(std::vector<net::Socket> sockets, int peer, size_t slotBytes, int slots)
+      : peer_(peer),
         slotBytes_(slotBytes),
         slots_(static_cast<size_t>(slots)),
+        streams_(sockets.size()),
         sendMemory_(slotBytes * slots),
         sendHeaders_(slots),
         recvMemory_(slotBytes * slots),
         recvMessages_(slots),
         iov_(2 * slots) {
-    socket_.setNonBlocking(true);
-    socket_.setNoDelay();
+    for (size_t k = 0; k < sockets.size(); ++k) {
+      streams_[k].socket = std::move(sockets[k]);
+      streams_[k].socket.setNonBlocking(true);
+      streams_[k].socket.setNoDelay();
+    }
   }
 
   size_t slotBytes() const override { return slotBytes_; }
@@ -58,7 +87,9 @@ class TcpConnection final : public Connection {
     ++sendPosted_;
   }
   bool flushed() const override { return sendWritten_ == sendPosted_; }
-  bool peerClosed() const override { return closed_; }
+  // Nothing more arrives in order once the socket of the next message is
+  // closed.
+  bool peerClosed() const override { return streams_[recvFilled_ % streams_.size()].closed; }
   int failedRank() const override { return failedRank_; }
   bool peerTimedOut() const override { return peerTimedOut_; }
   int peerWaitsFor() const override { return peerWaitsFor_; }
@@ -68,29 +99,54 @@ class TcpConnection final : public Connection {
   }
   void releaseRecv() override { ++recvRead_; }
 
-  int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
-  bool closed() const { return closed_; }
-  bool wantsToSend() const { return sendWritten_ != sendPosted_ || noticeLeft_ > 0; }
-  bool canReceive() const { return !closed_ && recvFilled_ - recvRead_ < slots_; }
+  size_t sockets() const { return streams_.size(); }
+  int fd(size_t k) const { return streams_[k].socket.fd(); }
+  bool closed(size_t k) const { return streams_[k].closed; }
+  // Whether socket k has a frame or a notice to write / room for a frame.
+  bool wantsToSend(size_t k) const { return framesToSend(k) > 0 || (k == 0 && noticeLeft_ > 0); }
+  bool wantsToSend() const {
+    for (size_t k = 0; k < streams_.size(); ++k)
+      if (wantsToSend(k)) return true;
+    return false;
+  }
+  bool canReceive(size_t k) const {
+    return !streams_[k].closed && messageOf(k, streams_[k].received) - recvRead_ < slots_;
+  }
 
-  // Writes as many posted frames as the socket takes. Returns true if any
+  // Writes as many posted frames as the sockets take. Returns true if any
   // byte left.
   bool pumpSend() {
-    if (!wantsToSend()) return false;
+    bool moved = false;
+    for (size_t k = 0; k < streams_.size(); ++k) moved |= pumpSend(k);
+    return moved;
+  }
+
+  // Reads frames into free receive slots. Returns true if any byte arrived.
+  bool pumpRecv() {
+    bool moved = false;
+    for (size_t k = 0; k < streams_.size(); ++k) moved |= pumpRecv(k);
+    return moved;
+  }
+
+  bool pumpSend(size_t k) {
+    Stream& stream = streams_[k];
+    if (!wantsToSend(k)) return false;
     // A notice goes between frames, never into one.
-    if (noticeLeft_ > 0 && sendOffset_ == 0) {
+    if (k == 0 && noticeLeft_ > 0 && stream.offset == 0) {
       const auto* notice = reinterpret_cast<const std::byte*>(&notice_);
-      const ssize_t sent = ::send(socket_.fd(), notice + sizeof(notice_) - noticeLeft_, noticeLeft_,
-                                  MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t sent = ::send(stream.socket.fd(), notice + sizeof(notice_) - noticeLeft_,
+                                  noticeLeft_, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (sent <= 0) return false;  // a broken socket shows on the next frame or receive
       noticeLeft_ -= static_cast<size_t>(sent);
-      if (noticeLeft_ > 0 || sendWritten_ == sendPosted_) return true;
+      if (noticeLeft_ > 0 || framesToSend(k) == 0) return true;
     }
-    if (sendWritten_ == sendPosted_) return false;
+    const size_t frames = framesToSend(k);
+    if (frames == 0) return false;
     size_t count = 0;
-    size_t skip = sendOffset_;
-    for (size_t m = sendWritten_; m != sendPosted_; ++m) {
+    size_t skip = stream.offset;
+    for (size_t i = 0; i < frames; ++i) {
+      const size_t m = messageOf(k, stream.sent + i);
       FrameHeader& header = sendHeaders_[m % slots_];
       std::byte* payload = sendMemory_.data() + (m % slots_) * slotBytes_;
       addIov(count, reinterpret_cast<std::byte*>(&header), sizeof(header), skip);
@@ -99,120 +155,135 @@ class TcpConnection final : public Connection {
     msghdr message{};
     message.msg_iov = iov_.data();
     message.msg_iovlen = count;
-    ssize_t sent = ::sendmsg(socket_.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t sent = ::sendmsg(stream.socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
       const int error = errno;
       // A peer that gave up said why before it closed: read that first, so
       // that the op fails naming the rank it blamed.
       try {
-        while (!closed_ && pumpRecv()) {
+        while (!streams_[0].closed && pumpRecv(0)) {
         }
       } catch (const Error&) {
       }
-      if (closed_ && failure_.empty()) {
-        sendWritten_ = sendPosted_;  // nobody will read them
-        sendOffset_ = 0;
+      if (streams_[0].closed && failure_.empty()) {
+        for (size_t j = 0; j < streams_.size(); ++j) {  // nobody will read them
+          streams_[j].sent = std::max(streams_[j].sent, framesPosted(j));
+          streams_[j].offset = 0;
+        }
+        advanceWritten();
         return true;
       }
       failure_.clear();
       failPeer(format("sending to peer %d failed: %s", peer_, std::strerror(error)));
     }
-    size_t left = static_cast<size_t>(sent) + sendOffset_;
-    while (sendWritten_ != sendPosted_) {
-      size_t frame = sizeof(FrameHeader) + sendHeaders_[sendWritten_ % slots_].bytes;
+    size_t left = static_cast<size_t>(sent) + stream.offset;
+    for (size_t i = 0; i < frames; ++i) {
+      const size_t m = messageOf(k, stream.sent);
+      const size_t frame = sizeof(FrameHeader) + sendHeaders_[m % slots_].bytes;
       if (left < frame) break;
       left -= frame;
-      ++sendWritten_;
+      ++stream.sent;
     }
-    sendOffset_ = left;
+    stream.offset = left;
+    advanceWritten();
     return sent > 0;
   }
 
-  // Reads frames into free receive slots. Returns true if any byte arrived.
-  bool pumpRecv() {
+  bool pumpRecv(size_t k) {
+    Stream& stream = streams_[k];
     bool moved = false;
-    while (canReceive()) {
-      if (headerRead_ < sizeof(FrameHeader)) {
-        ssize_t got = readSome(reinterpret_cast<std::byte*>(&header_) + headerRead_,
-                               sizeof(FrameHeader) - headerRead_);
+    while (canReceive(k)) {
+      if (stream.headerRead < sizeof(FrameHeader)) {
+        ssize_t got = readSome(k, reinterpret_cast<std::byte*>(&stream.header) + stream.headerRead,
+                               sizeof(FrameHeader) - stream.headerRead);
         if (got <= 0) return moved;
         moved = true;
-        headerRead_ += got;
-        if (headerRead_ < sizeof(FrameHeader)) continue;
-        if (header_.bytes & kWord) {
-          const uint32_t bits = header_.bytes & ~kWord;
+        stream.headerRead += got;
+        if (stream.headerRead < sizeof(FrameHeader)) continue;
+        const FrameHeader& header = stream.header;
+        if (header.bytes & kWord) {
+          const uint32_t bits = header.bytes & ~kWord;
           const int rank = bits == kNoRank ? -1 : static_cast<int>(bits);
-          headerRead_ = 0;
-          if (header_.tag == kWaitingFor) {
+          stream.headerRead = 0;
+          if (header.tag == kWaitingFor) {
             peerWaitsFor_ = rank;
             continue;
           }
           failedRank_ = rank;
-          peerTimedOut_ = header_.tag == kTimedOut;
-          closed_ = true;
+          peerTimedOut_ = header.tag == kTimedOut;
+          stream.closed = true;
           return true;
         }
-        if (header_.bytes > slotBytes_)
+        if (header.bytes > slotBytes_)
           failPeer(format("peer %d sent a %u-byte frame, larger than a %zu-byte slot", peer_,
-                          header_.bytes, slotBytes_));
-        payloadRead_ = 0;
+                          header.bytes, slotBytes_));
+        stream.payloadRead = 0;
       }
-      std::byte* slot = recvMemory_.data() + (recvFilled_ % slots_) * slotBytes_;
-      if (payloadRead_ < header_.bytes) {
-        ssize_t got = readSome(slot + payloadRead_, header_.bytes - payloadRead_);
+      const size_t m = messageOf(k, stream.received);
+      std::byte* slot = recvMemory_.data() + (m % slots_) * slotBytes_;
+      if (stream.payloadRead < stream.header.bytes) {
+        ssize_t got =
+            readSome(k, slot + stream.payloadRead, stream.header.bytes - stream.payloadRead);
         if (got <= 0) return moved;
         moved = true;
-        payloadRead_ += got;
-        if (payloadRead_ < header_.bytes) continue;
+        stream.payloadRead += got;
+        if (stream.payloadRead < stream.header.bytes) continue;
       }
-      recvMessages_[recvFilled_ % slots_] = {slot, header_.bytes, header_.tag};
-      ++recvFilled_;
-      headerRead_ = 0;
+      recvMessages_[m % slots_] = {slot, stream.header.bytes, stream.header.tag};
+      ++stream.received;
+      stream.headerRead = 0;
+      // Messages are delivered in order: up to the first not yet here.
+      while (recvFilled_ < messageOf(recvFilled_ % streams_.size(),
+                                     streams_[recvFilled_ % streams_.size()].received))
+        ++recvFilled_;
     }
     return moved;
   }
 
-  // The last word to the peer: finishes the frame partly on the wire (the
-  // peer could not parse past it otherwise), drops the other unsent ones,
-  // sends the giving-up header and shuts down this direction. Waits at most
-  // until `deadline` for the socket to take it.
+  // The last word to the peer: finishes the frames partly on the wire (the
+  // peer could not parse past them otherwise), drops the other unsent ones,
+  // sends the giving-up header on every socket and shuts them down. Waits
+  // at most until `deadline` for the sockets to take it.
   void giveUp(int failedRank, bool timedOut, Clock::time_point deadline) {
     if (!failure_.empty()) {  // broken already: nobody to tell
-      ::shutdown(socket_.fd(), SHUT_WR);
+      for (Stream& stream : streams_) ::shutdown(stream.socket.fd(), SHUT_WR);
       return;
     }
-    sendPosted_ = sendWritten_ + (sendOffset_ > 0 ? 1 : 0);
+    for (Stream& stream : streams_) stream.limit = stream.sent + (stream.offset > 0 ? 1 : 0);
     if (noticeLeft_ == sizeof(notice_)) noticeLeft_ = 0;  // a notice partly sent is finished
     const FrameHeader last = word(failedRank, timedOut ? kTimedOut : kFailed);
     const auto* bytes = reinterpret_cast<const std::byte*>(&last);
-    size_t sent = 0;
-    try {
-      while (Clock::now() < deadline) {
-        if (wantsToSend()) {
-          pumpSend();
-        } else {
-          const ssize_t n =
-              ::send(socket_.fd(), bytes + sent, sizeof(last) - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-          if (n > 0) sent += static_cast<size_t>(n);
-          if (sent == sizeof(last) || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const int fd = streams_[k].socket.fd();
+      size_t sent = 0;
+      try {
+        while (Clock::now() < deadline) {
+          if (wantsToSend(k)) {
+            pumpSend(k);
+          } else {
+            const ssize_t n =
+                ::send(fd, bytes + sent, sizeof(last) - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) sent += static_cast<size_t>(n);
+            if (sent == sizeof(last) || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+          }
+          pollfd ready{fd, POLLOUT, 0};
+          ::poll(&ready, 1, 10);
         }
-        pollfd ready{socket_.fd(), POLLOUT, 0};
-        ::poll(&ready, 1, 10);
+      } catch (const Error&) {
+        // The peer is gone too.
       }
-    } catch (const Error&) {
-      // The peer is gone too.
+      ::shutdown(fd, SHUT_WR);
     }
-    ::shutdown(socket_.fd(), SHUT_WR);
   }
 
-  // Queues the notice that this rank waits for `rank`, to go out ahead of
-  // the next frame (replacing one not yet started).
+  // Queues the notice that this rank waits for `rank`, to go out on socket
+  // 0 ahead of its next frame (replacing one not yet started).
   void noteWaitingFor(int rank) {
     if (noticeLeft_ > 0 && noticeLeft_ < sizeof(notice_)) {
       // One is partly out: let it finish first. The newer notice then
       // follows on the next call.
-      while (noticeLeft_ > 0 && pumpSend()) {
+      while (noticeLeft_ > 0 && pumpSend(0)) {
       }
       if (noticeLeft_ > 0) return;
     }
@@ -231,6 +302,24 @@ class TcpConnection final : public Connection {
     return {kWord | (rank < 0 ? kNoRank : static_cast<uint32_t>(rank)), what};
   }
 
+  // The connection's message number of socket k's i-th message.
+  size_t messageOf(size_t k, size_t i) const { return i * streams_.size() + k; }
+  // How many posted frames socket k has left to write.
+  size_t framesPosted(size_t k) const {
+    const size_t n = streams_.size();
+    return sendPosted_ > k ? (sendPosted_ - k + n - 1) / n : 0;
+  }
+  size_t framesToSend(size_t k) const {
+    const size_t end = std::min(framesPosted(k), streams_[k].limit);
+    return end > streams_[k].sent ? end - streams_[k].sent : 0;
+  }
+  // Frees the send slots of messages written on their sockets, in order.
+  void advanceWritten() {
+    const size_t n = streams_.size();
+    while (sendWritten_ < sendPosted_ && sendWritten_ / n < streams_[sendWritten_ % n].sent)
+      ++sendWritten_;
+  }
+
   void addIov(size_t& count, std::byte* base, size_t length, size_t& skip) {
     if (skip >= length) {
       skip -= length;
@@ -242,46 +331,42 @@ class TcpConnection final : public Connection {
     ++count;
   }
 
-  // recv() that returns 0 when nothing is there yet. The peer closing its
-  // end between frames is noted, not an error (it may simply be done);
-  // closing in the middle of a frame, or a reset, is an error.
-  ssize_t readSome(std::byte* into, size_t length) {
-    ssize_t got = ::recv(socket_.fd(), into, length, MSG_DONTWAIT);
+  // recv() on socket k that returns 0 when nothing is there yet. The peer
+  // closing its end between frames is noted, not an error (it may simply
+  // be done); closing in the middle of a frame, or a reset, is an error.
+  ssize_t readSome(size_t k, std::byte* into, size_t length) {
+    Stream& stream = streams_[k];
+    ssize_t got = ::recv(stream.socket.fd(), into, length, MSG_DONTWAIT);
     if (got > 0) return got;
     if (got == 0) {
-      if (headerRead_ > 0)
+      if (stream.headerRead > 0)
         failPeer(format("peer %d closed the connection in the middle of a message", peer_));
-      closed_ = true;
+      stream.closed = true;
       return 0;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     failPeer(format("receiving from peer %d failed: %s", peer_, std::strerror(errno)));
   }
 
-  net::Socket socket_;
   int peer_;
   size_t slotBytes_;
   size_t slots_;
+  std::vector<Stream> streams_;
 
-  // Send FIFO: slots [sendWritten_, sendPosted_) are posted and not yet
-  // fully written; sendOffset_ bytes of the first one are already out.
+  // Send FIFO: messages [sendWritten_, sendPosted_) are posted and not yet
+  // fully written (each on its own socket).
   std::vector<std::byte> sendMemory_;
   std::vector<FrameHeader> sendHeaders_;
   size_t sendPosted_ = 0;
   size_t sendWritten_ = 0;
-  size_t sendOffset_ = 0;
 
-  // Receive FIFO: slots [recvRead_, recvFilled_) hold unread messages; the
-  // frame being read goes to slot recvFilled_.
+  // Receive FIFO: messages [recvRead_, recvFilled_) are unread; later ones
+  // may already be in their slots, having come over other sockets.
   std::vector<std::byte> recvMemory_;
   std::vector<Message> recvMessages_;
   size_t recvRead_ = 0;
   size_t recvFilled_ = 0;
-  FrameHeader header_{};
-  size_t headerRead_ = 0;
-  size_t payloadRead_ = 0;
 
-  bool closed_ = false;        // the peer closed its end
   int failedRank_ = -1;        // whom the peer blamed when it gave up
   bool peerTimedOut_ = false;  // ... because it waited for that rank too long
   int peerWaitsFor_ = -1;      // whom the peer last said it is stuck waiting for
@@ -297,7 +382,10 @@ class TcpTransport final : public Transport {
 
   void add(std::unique_ptr<TcpConnection> connection) {
     byRank_[connection->peer()] = connection.get();
-    pollFds_.push_back({connection->fd(), 0, 0});
+    for (size_t k = 0; k < connection->sockets(); ++k) {
+      pollFds_.push_back({connection->fd(k), 0, 0});
+      polled_.push_back({connection.get(), k});
+    }
     connections_.push_back(std::move(connection));
   }
 
@@ -311,7 +399,7 @@ class TcpTransport final : public Transport {
         failedPeer_ = connection->peer();
         throw Error(ErrorCode::RemoteError, connection->failure());
       }
-    if (connections_.size() <= kPollGate) {
+    if (polled_.size() <= kPollGate) {
       for (auto& connection : connections_) {
         failedPeer_ = connection->peer();  // if a pump throws, this one failed
         moved |= connection->pumpSend();
@@ -320,16 +408,17 @@ class TcpTransport final : public Transport {
       failedPeer_ = -1;
       return moved;
     }
-    // Many peers: one poll() finds the sockets worth a send or recv call,
+    // Many sockets: one poll() finds those worth a send or recv call,
     // instead of a call per socket per pass.
     if (!preparePoll()) return false;
     timespec now{0, 0};
     if (::ppoll(pollFds_.data(), pollFds_.size(), &now, nullptr) <= 0) return false;
-    for (size_t i = 0; i < connections_.size(); ++i) {
+    for (size_t i = 0; i < polled_.size(); ++i) {
       const short ready = pollFds_[i].revents;
-      failedPeer_ = connections_[i]->peer();
-      if (ready & (POLLOUT | POLLERR | POLLHUP)) moved |= connections_[i]->pumpSend();
-      if (ready & (POLLIN | POLLERR | POLLHUP)) moved |= connections_[i]->pumpRecv();
+      auto [connection, k] = polled_[i];
+      failedPeer_ = connection->peer();
+      if (ready & (POLLOUT | POLLERR | POLLHUP)) moved |= connection->pumpSend(k);
+      if (ready & (POLLIN | POLLERR | POLLHUP)) moved |= connection->pumpRecv(k);
     }
     failedPeer_ = -1;
     return moved;
@@ -339,10 +428,10 @@ class TcpTransport final : public Transport {
 
   void announceWaitingFor(int rank) override {
     for (auto& connection : connections_)
-      if (connection->failure().empty() && !connection->closed()) {
+      if (connection->failure().empty() && !connection->closed(0)) {
         connection->noteWaitingFor(rank);
         try {
-          connection->pumpSend();
+          connection->pumpSend(0);
         } catch (const Error&) {
           // progress() reports it.
         }
@@ -367,7 +456,7 @@ class TcpTransport final : public Transport {
   }
 
  private:
-  // Up to this many peers, progress() tries each socket directly.
+  // Up to this many sockets, progress() tries each directly.
   static constexpr size_t kPollGate = 2;
   static constexpr std::chrono::microseconds kIdlePause{200};
   // How long announceFailure() may take, over all connections.
@@ -378,14 +467,14 @@ class TcpTransport final : public Transport {
   // Returns false when no socket has anything to wait for.
   bool preparePoll() {
     bool any = false;
-    for (size_t i = 0; i < connections_.size(); ++i) {
+    for (size_t i = 0; i < polled_.size(); ++i) {
+      auto [connection, k] = polled_[i];
       short events = 0;
-      if (connections_[i]->wantsToSend()) events |= POLLOUT;
-      if (connections_[i]->canReceive()) events |= POLLIN;
+      if (connection->wantsToSend(k)) events |= POLLOUT;
+      if (connection->canReceive(k)) events |= POLLIN;
       // A closed peer's socket reports POLLHUP forever: leave it out unless
       // there is still something to write (which then fails loudly).
-      pollFds_[i].fd =
-          connections_[i]->closed() && !(events & POLLOUT) ? -1 : connections_[i]->fd();
+      pollFds_[i].fd = connection->closed(k) && !(events & POLLOUT) ? -1 : connection->fd(k);
       pollFds_[i].events = events;
       pollFds_[i].revents = 0;
       any |= events != 0;
@@ -396,24 +485,39 @@ class TcpTransport final : public Transport {
   std::vector<std::unique_ptr<TcpConnection>> connections_;
   std::vector<TcpConnection*> byRank_;
   std::vector<pollfd> pollFds_;
+  std::vector<std::pair<TcpConnection*, size_t>> polled_;  // connection, socket of each pollFd
 };
 
 }  // namespace
 
 std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline) {
+                                  size_t slotBytes, int slots, int sockets,
+                                  net::Deadline deadline) {
   auto transport = std::make_unique<TcpTransport>(bootstrap.size());
   const int rank = bootstrap.rank();
+  // Socket k of a pair has its own purpose, so the pair's sockets pair up
+  // alike at both ends.
+  auto purpose = [](int k) { return k == 0 ? kPurpose : kMoreSocketsPurpose + k; };
   // Connect upwards first, then accept from below: a connect completes in
   // the listener's backlog, so no pair waits on the other.
-  std::vector<std::pair<int, net::Socket>> sockets;
+  std::vector<std::pair<int, std::vector<net::Socket>>> connected;
   for (int peer : peers)
-    if (peer > rank) sockets.emplace_back(peer, bootstrap.connectTo(peer, kPurpose, deadline));
+    if (peer > rank) {
+      connected.emplace_back(peer, std::vector<net::Socket>{});
+      for (int k = 0; k < sockets; ++k)
+        connected.back().second.push_back(bootstrap.connectTo(peer, purpose(k), deadline));
+    }
   for (int peer : peers)
-    if (peer < rank) sockets.emplace_back(peer, bootstrap.acceptFrom(peer, kPurpose, deadline));
-  for (auto& [peer, socket] : sockets) {
-    BRAID_DEBUG(Tcp, "connected to peer %d (%s)", peer, socket.peerAddress().toString().c_str());
-    transport->add(std::make_unique<TcpConnection>(std::move(socket), peer, slotBytes, slots));
+    if (peer < rank) {
+      connected.emplace_back(peer, std::vector<net::Socket>{});
+      for (int k = 0; k < sockets; ++k)
+        connected.back().second.push_back(bootstrap.acceptFrom(peer, purpose(k), deadline));
+    }
+  for (auto& [peer, socketsOfPeer] : connected) {
+    BRAID_DEBUG(Tcp, "connected to peer %d (%s), %d socket(s)", peer,
+                socketsOfPeer[0].peerAddress().toString().c_str(), sockets);
+    transport->add(
+        std::make_unique<TcpConnection>(std::move(socketsOfPeer), peer, slotBytes, slots));
   }
   return transport;
 }

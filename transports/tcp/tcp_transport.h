@@ -1,7 +1,10 @@
-// The TCP transport: one stream socket per peer. Posted send slots are
-// written with writev as [header | payload] frames; a receive path reads
-// each frame into the next free receive slot. The header's length is checked
-// against the slot size before anything is read into memory.
+// The TCP transport: one or more stream sockets per peer
+// (BRAID_NSOCKS_PERTHREAD). Posted send slots are written with sendmsg as
+// [header | payload] frames, message m on socket m % sockets, so the pieces
+// of a large step travel over every socket at once; a receive path reads
+// each frame into its receive slot, and messages are delivered in order.
+// The header's length is checked against the slot size before anything is
+// read into memory.
 #pragma once
 
 #include <memory>
@@ -13,8 +16,9 @@
 namespace braid::transport::tcp {
 
 // Collective over `peers` (every peer listed must list this rank too):
-// opens one connection per peer through the bootstrap listeners.
+// opens `sockets` connections per peer through the bootstrap listeners.
+// REQUIRES: every rank passes the same `sockets`, at least 1.
 std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline);
+                                  size_t slotBytes, int slots, int sockets, net::Deadline deadline);
 
 }  // namespace braid::transport::tcp
