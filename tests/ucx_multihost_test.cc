@@ -1,0 +1,451 @@
+// The ucx transport between "hosts" (network namespaces on a bridge,
+// tests/netns_hosts.h), its network faults, its fallback to tcp, and
+// BRAID_UCX. Namespace hosts share the IPC namespace, so UCX could reach
+// across them through its shared memory: the ranks run with
+// UCX_TLS=tcp,self, so that UCX goes over the veth link as between
+// machines. No transport is forced: braid takes shm within a host and, as
+// it is built with UCX, ucx between hosts. Each test skips, saying why,
+// where braid has no ucx or the namespaces cannot be made.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/introspect.h"
+#include "core/knobs.h"
+#include "device/device.h"
+#include "device_cases.h"
+#include "multirank.h"
+#include "netns_hosts.h"
+#include "reference.h"
+
+namespace braid::testing {
+namespace {
+
+using std::chrono::steady_clock;
+
+bool ucxBuilt() {
+  const std::vector<std::string> built = detail::builtTransports();
+  return std::find(built.begin(), built.end(), "ucx") != built.end();
+}
+
+#define SKIP_UNLESS_UCX_BUILT() \
+  if (!ucxBuilt()) GTEST_SKIP() << "braid was built without UCX (BRAID_UCX, libucx-dev)"
+
+// Ranks in `hosts`, rank r on host r % hosts.size(), UCX over TCP, the
+// root in rank 0, each rank on the interface that routes to it.
+RunOptions acrossHosts(const NamespaceHosts& hosts, std::chrono::seconds timeout,
+                       std::function<void(int rank)> alsoEnter = {}) {
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "eth0";
+  options.config.socketIfname = "";
+  options.config.timeout = timeout;
+  options.deadline = std::chrono::seconds(300);
+  options.enter = [&hosts, alsoEnter](int rank) {
+    hosts.enter(rank % hosts.size());
+    ::setenv("UCX_TLS", "tcp,self", 1);
+    if (alsoEnter) alsoEnter(rank);
+  };
+  return options;
+}
+
+// Every pair's transport as this rank sees it: "self", then shm within a
+// host, `across` between hosts.
+void requireTransports(Communicator& comm, int hosts, const std::string& across) {
+  const std::vector<std::string> names = detail::peerTransports(comm);
+  for (int p = 0; p < comm.size(); ++p) {
+    const std::string want = p == comm.rank()                   ? "self"
+                             : p % hosts == comm.rank() % hosts ? "shm"
+                                                                : across;
+    require(names[p] == want, format("rank %d reaches rank %d over %s, not %s", comm.rank(), p,
+                                     names[p].c_str(), want.c_str()));
+  }
+}
+
+// One case on host buffers, checked against the reference: "" when right.
+std::string runHostCase(Communicator& comm, const Case& c, uint64_t seed) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t size = dataTypeSize(c.type);
+  const size_t whole =
+      c.coll == Coll::AllGather || c.coll == Coll::ReduceScatter ? c.count * n : c.count;
+  std::vector<std::byte> send = poisoned(c.type, whole), recv = poisoned(c.type, whole);
+  auto at = [&](std::vector<std::byte>& b, size_t element) { return b.data() + element * size; };
+  std::string problem;
+  switch (c.coll) {
+    case Coll::AllReduce: {
+      fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
+      void* out = c.inPlace ? send.data() : recv.data();
+      comm.allReduce(send.data(), out, c.count, c.type, c.op);
+      problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out);
+      break;
+    }
+    case Coll::Broadcast: {
+      if (r == c.root)
+        fillInput(c.type, c.op, seed, r, 0, c.count, c.inPlace ? recv.data() : send.data());
+      const void* in = c.inPlace ? recv.data() : send.data();
+      comm.broadcast(in, recv.data(), c.count, c.type, c.root);
+      problem = checkCopied(c.type, c.op, seed, c.root, 0, c.count, recv.data());
+      break;
+    }
+    case Coll::Reduce: {
+      fillInput(c.type, c.op, seed, r, 0, c.count, send.data());
+      void* out = c.inPlace ? send.data() : recv.data();
+      comm.reduce(send.data(), out, c.count, c.type, c.op, c.root);
+      if (r == c.root) problem = checkReduced(c.type, c.op, seed, n, 0, c.count, out);
+      break;
+    }
+    case Coll::AllGather: {
+      void* in = c.inPlace ? at(recv, r * c.count) : send.data();
+      fillInput(c.type, c.op, seed, r, 0, c.count, in);
+      comm.allGather(in, recv.data(), c.count, c.type);
+      for (int b = 0; b < n && problem.empty(); ++b)
+        problem = checkCopied(c.type, c.op, seed, b, 0, c.count, at(recv, b * c.count));
+      break;
+    }
+    case Coll::ReduceScatter: {
+      fillInput(c.type, c.op, seed, r, 0, c.count * n, send.data());
+      void* out = c.inPlace ? at(send, r * c.count) : recv.data();
+      comm.reduceScatter(send.data(), out, c.count, c.type, c.op);
+      problem = checkReduced(c.type, c.op, seed, n, r * c.count, c.count, out);
+      break;
+    }
+  }
+  return problem.empty() ? "" : label(c, n) + problem;
+}
+
+// Every collective, at sizes from none to many slots (1 MiB and more per
+// rank in 256 KiB slots), in and out of place, from every root; then
+// grouped sends around the ring (each to the other host) and a barrier.
+void everyCollective(Communicator& comm, int hosts) {
+  requireTransports(comm, hosts, "ucx");
+  const int n = comm.size(), r = comm.rank();
+  uint64_t seed = 11;
+  for (Coll coll : kAllColls)
+    for (DataType type : {DataType::Int32, DataType::Float32, DataType::BFloat16})
+      for (ReduceOp op : reduces(coll) ? std::vector<ReduceOp>{ReduceOp::Sum, ReduceOp::Max}
+                                       : std::vector<ReduceOp>{ReduceOp::Sum})
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, (size_t{1} << 18) + 5})
+          for (bool inPlace : {false, true}) {
+            const Case c{coll, type, op, count, inPlace, static_cast<int>(seed % n)};
+            const std::string problem = runHostCase(comm, c, ++seed);
+            require(problem.empty(), problem);
+          }
+  for (size_t count : {size_t{0}, size_t{3}, (size_t{1} << 19) + 1}) {
+    std::vector<int32_t> mine(count), theirs(count, -1);
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(i * 7 + r);
+    const int to = (r + 1) % n, from = (r + n - 1) % n;
+    comm.groupStart();
+    comm.send(mine.data(), count, DataType::Int32, to);
+    comm.recv(theirs.data(), count, DataType::Int32, from);
+    comm.groupEnd();
+    for (size_t i = 0; i < count; ++i)
+      require(theirs[i] == static_cast<int32_t>(i * 7 + from),
+              format("element %zu from rank %d is %d", i, from, theirs[i]));
+  }
+  comm.barrier();
+}
+
+TEST(UcxMultiHost, EveryCollectiveIsRightBetweenTwoHostsOfOneRank) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  runRanks(
+      2, [](Communicator& comm) { everyCollective(comm, 2); },
+      acrossHosts(hosts, std::chrono::seconds(60)));
+}
+
+// Ranks 0 and 2 on one host, 1 and 3 on the other: every ring step crosses
+// hosts over ucx, and the pairs within a host take shm.
+TEST(UcxMultiHost, EveryCollectiveIsRightBetweenTwoHostsOfTwoRanks) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  runRanks(
+      4, [](Communicator& comm) { everyCollective(comm, 2); },
+      acrossHosts(hosts, std::chrono::seconds(60)));
+}
+
+// Device buffers between ranks whose host buffers take ucx are staged
+// through host memory over tcp (tcp's own connections), as between ranks
+// on tcp, under the automatic choice and with BRAID_TRANSPORT=shm,ucx; the
+// emulated device stands in for a GPU.
+TEST(UcxMultiHost, DeviceBuffersBetweenUcxHostsAreStagedOverTcp) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  for (const std::string preference : {"", "shm,ucx"}) {
+    RunOptions options =
+        acrossHosts(hosts, std::chrono::seconds(60), [](int) { device::select("emulated"); });
+    options.config.transports = preference;
+    runRanks(
+        2,
+        [&](Communicator& comm) {
+          requireTransports(comm, 2, "ucx");
+          const std::vector<std::string> paths = detail::peerDevicePaths(comm);
+          const int other = 1 - comm.rank();
+          require(paths[other] == "tcp: staged through host memory",
+                  format("BRAID_TRANSPORT '%s': device buffers reach rank %d by '%s'",
+                         preference.c_str(), other, paths[other].c_str()));
+          TestStream stream(device::current()->current());
+          uint64_t seed = 5;
+          for (Coll coll : kAllColls)
+            for (size_t count : {size_t{1}, (size_t{1} << 18) + 5}) {
+              const Case c{coll, DataType::Float32, ReduceOp::Sum, count, false, 1};
+              const std::string problem = runCase(comm, stream, c, ++seed);
+              require(problem.empty(), problem);
+            }
+        },
+        options);
+  }
+}
+
+// Network faults between two namespace hosts in the middle of all-reduce
+// loops over ucx, each at two moments: the link taken down; a silent
+// partition (blackhole routes both ways: packets vanish, the link stays
+// up); host 1 torn down (its link deleted, then its rank killed, as a
+// machine that loses power). Every surviving rank fails within the timeout
+// plus 2 s, naming the other, and nothing hangs (runRanks' deadline, and
+// each rank destroys its communicator on the way out).
+TEST(UcxMultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
+  SKIP_UNLESS_UCX_BUILT();
+  struct Flags {
+    std::atomic<int> looping;  // ranks past their first all-reduce
+    std::atomic<int> torn;     // host 1's link is gone
+  };
+  for (const std::string kind : {"link down", "blackhole", "host torn down"})
+    for (const auto moment : {std::chrono::milliseconds(200), std::chrono::milliseconds(1200)}) {
+      NamespaceHosts hosts(2);
+      if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+      const std::string label =
+          kind + format(" at %lld ms", static_cast<long long>(moment.count()));
+      constexpr auto kTimeout = std::chrono::seconds(5);
+      SharedWithRanks<Flags> flags;
+      std::atomic<int>* torn = &flags->torn;
+      std::atomic<int>* looping = &flags->looping;
+      RunOptions options = acrossHosts(hosts, kTimeout);
+      options.deadline = std::chrono::seconds(60);
+      if (kind == "host torn down") options.killed = {1};
+      // The moment counts from when both ranks loop.
+      std::thread fault([&] {
+        const auto giveUp = steady_clock::now() + std::chrono::seconds(30);
+        while (looping->load() < 2 && steady_clock::now() < giveUp)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(moment);
+        auto in = [&](int h, const std::string& command) {
+          return std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
+        };
+        if (kind == "link down") {
+          in(1, "ip link set eth0 down");
+        } else if (kind == "blackhole") {
+          for (int h = 0; h < 2; ++h)
+            in(h, "ip route add blackhole " + NamespaceHosts::address(1 - h) + "/32");
+        } else {
+          in(1, "ip link del eth0");
+          torn->store(1);
+        }
+      });
+      runRanks(
+          2,
+          [&](Communicator& comm) {
+            requireTransports(comm, 2, "ucx");
+            const int peer = 1 - comm.rank();
+            if (kind == "host torn down" && comm.rank() == 1)
+              std::thread([torn] {
+                while (torn->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                ::kill(::getpid(), SIGKILL);
+              }).detach();
+            std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
+            const auto start = steady_clock::now();
+            auto lastGood = start;
+            try {
+              for (;;) {
+                comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+                require(out[100] == 2.0f, label + ": a wrong sum before the fault");
+                if (lastGood == start) looping->fetch_add(1);
+                lastGood = steady_clock::now();
+                require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
+              }
+            } catch (const Error& error) {
+              const auto failedAfter = steady_clock::now() - lastGood;
+              const std::string what = error.what();
+              require(
+                  what.find(format("rank %d", peer)) != std::string::npos ||
+                      what.find(format("peer %d", peer)) != std::string::npos,
+                  label + ": the error does not name rank " + std::to_string(peer) + ": " + what);
+              require(failedAfter < kTimeout + std::chrono::seconds(2),
+                      format("%s: failed %.2f s after the last good op", label.c_str(),
+                             std::chrono::duration<double>(failedAfter).count()));
+            }
+          },
+          options);
+      fault.join();
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+// The lines of every log file in `dir` that contain `needle`.
+std::vector<std::string> logLines(const std::string& dir, const std::string& needle) {
+  std::vector<std::string> found;
+  if (DIR* listing = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(listing)) {
+      if (entry->d_name[0] == '.') continue;
+      std::ifstream file(dir + "/" + entry->d_name);
+      for (std::string line; std::getline(file, line);)
+        if (line.find(needle) != std::string::npos) found.push_back(line);
+    }
+    ::closedir(listing);
+  }
+  return found;
+}
+
+// A directory for the ranks' logs, removed with what is in it.
+class LogDirectory {
+ public:
+  LogDirectory() {
+    char path[] = "/tmp/braid-ucx-logXXXXXX";
+    path_ = ::mkdtemp(path) ? path : "";
+  }
+  ~LogDirectory() {
+    if (!path_.empty()) std::system(("rm -rf " + path_).c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Rank 1 cannot use UCX: it cannot start it (no usable transport), or it
+// starts it on a transport nobody else has (posix shared memory only,
+// which has no peer failure handling). Under BRAID_UCX=AUTO every rank
+// logs one info line saying why and both take tcp (and their collectives
+// work); under ON every rank fails to initialize, naming BRAID_UCX.
+TEST(UcxMultiHost, WhenOneRankCannotUseUcxEveryRankFallsBackToTcpOrFailsUnderOn) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  for (const std::string tls : {"bogus", "posix"}) {
+    LogDirectory logs;
+    ASSERT_FALSE(logs.path().empty());
+    // Set here, before anything logs: the log's settings are read once per
+    // process, and the ranks inherit them.
+    ::setenv("BRAID_LOG_LEVEL", "info", 1);
+    ::setenv("BRAID_LOG_FILE", (logs.path() + "/log.%p").c_str(), 1);
+    auto broken = [tls](int rank) {
+      if (rank == 1) ::setenv("UCX_TLS", tls.c_str(), 1);
+    };
+    runRanks(
+        2,
+        [](Communicator& comm) {
+          requireTransports(comm, 2, "tcp");
+          int64_t mine = comm.rank() + 1, sum = 0;
+          comm.allReduce(&mine, &sum, 1, DataType::Int64, ReduceOp::Sum);
+          require(sum == 3, format("1 + 2 over the fallback is %lld", static_cast<long long>(sum)));
+        },
+        acrossHosts(hosts, std::chrono::seconds(30), broken));
+    ::unsetenv("BRAID_LOG_LEVEL");
+    ::unsetenv("BRAID_LOG_FILE");
+    const std::vector<std::string> lines =
+        logLines(logs.path(), "ucx cannot carry this communicator");
+    EXPECT_EQ(lines.size(), 2u) << "UCX_TLS=" << tls << " on rank 1: one line from each rank";
+    for (const std::string& line : lines) EXPECT_NE(line.find("rank 1"), std::string::npos) << line;
+
+    RunOptions options = acrossHosts(hosts, std::chrono::seconds(30), [broken](int rank) {
+      ::setenv("BRAID_UCX", "ON", 1);
+      broken(rank);
+    });
+    runProcesses(
+        2,
+        [](int rank, const UniqueId& id, const Config& config) {
+          try {
+            Communicator::init(2, rank, id, config);
+            require(false, "BRAID_UCX=ON let a communicator start without ucx");
+          } catch (const Error& error) {
+            const std::string what = error.what();
+            require(error.code() == ErrorCode::SystemError &&
+                        what.find("BRAID_UCX is ON") != std::string::npos,
+                    "expected SystemError naming BRAID_UCX=ON: " + what);
+          }
+        },
+        options);
+  }
+}
+
+// BRAID_UCX=OFF keeps the automatic choice off ucx (tcp between hosts);
+// ranks that set it differently are refused, every one naming the knob.
+TEST(UcxMultiHost, BraidUcxOffTakesTcpAndRanksMustSetItAlike) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        requireTransports(comm, 2, "tcp");
+        int32_t mine = comm.rank() + 1, sum = 0;
+        comm.allReduce(&mine, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        require(sum == 3, "1 + 2 over tcp");
+      },
+      acrossHosts(hosts, std::chrono::seconds(30), [](int) { ::setenv("BRAID_UCX", "off", 1); }));
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config& config) {
+        try {
+          Communicator::init(2, rank, id, config);
+          require(false, "ranks with BRAID_UCX AUTO and OFF made a communicator");
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          require(
+              error.code() == ErrorCode::InvalidArgument &&
+                  what.find("BRAID_UCX is AUTO on rank 0 and OFF on rank 1") != std::string::npos,
+              "expected InvalidArgument naming BRAID_UCX on both ranks: " + what);
+        }
+      },
+      acrossHosts(hosts, std::chrono::seconds(30),
+                  [](int rank) { ::setenv("BRAID_UCX", rank == 0 ? "AUTO" : "OFF", 1); }));
+}
+
+// On one host, no namespaces needed.
+TEST(UcxKnob, ABadBraidUcxIsRefusedNamingIt) {
+  ::setenv("BRAID_UCX", "maybe", 1);
+  try {
+    Knobs::resolve(Config{});
+    ADD_FAILURE() << "BRAID_UCX=maybe was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("BRAID_UCX: 'maybe' is not AUTO, ON or OFF"),
+              std::string::npos)
+        << error.what();
+  }
+  ::unsetenv("BRAID_UCX");
+  runProcesses(2, [](int rank, const UniqueId& id, const Config& config) {
+    ::setenv("BRAID_UCX", "maybe", 1);  // after the id was made
+    try {
+      Communicator::init(2, rank, id, config);
+      require(false, "a communicator started with BRAID_UCX=maybe");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::InvalidArgument &&
+                  std::string(error.what()).find("BRAID_UCX") != std::string::npos,
+              std::string("expected InvalidArgument naming BRAID_UCX: ") + error.what());
+    }
+  });
+  for (const char* good : {"AUTO", "on", "Off"}) {
+    ::setenv("BRAID_UCX", good, 1);
+    EXPECT_NO_THROW(Knobs::resolve(Config{})) << good;
+  }
+  ::unsetenv("BRAID_UCX");
+}
+
+}  // namespace
+}  // namespace braid::testing
