@@ -38,6 +38,9 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";  // each rank uses the interface that routes to the root
+  // tcp across hosts even where ucx is built (its own tests are in
+  // ucx_multihost_test.cc); so in every test here.
+  options.config.transports = "shm,tcp";
   options.config.timeout = std::chrono::seconds(30);
   options.deadline = std::chrono::seconds(60);
   options.enter = [&](int rank) { hosts.enter(rank % 2); };
@@ -104,6 +107,7 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";
+  options.config.transports = "shm,tcp";
   options.config.timeout = std::chrono::seconds(30);
   options.deadline = std::chrono::seconds(120);
   options.enter = [&](int rank) { hosts.enter(rank % 4); };
@@ -150,6 +154,7 @@ TEST(MultiHost, HierarchicalCollectivesAreExactOnTwoHostsOfThreeRanks) {
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";
+  options.config.transports = "shm,tcp";
   options.config.timeout = std::chrono::seconds(30);
   options.config.chunkBytes = 64 << 10;  // many rounds at the largest size
   options.deadline = std::chrono::seconds(180);
@@ -238,6 +243,7 @@ TEST(MultiHost, TheTunerPicksHierarchicalAlgorithmsForRanksNumberedHostByHost) {
     options.idConfig = Config{};
     options.idConfig->socketIfname = "eth0";
     options.config.socketIfname = "";
+    options.config.transports = "shm,tcp";
     options.config.timeout = std::chrono::seconds(30);
     options.enter = [&](int rank) { hosts.enter(byHost ? rank / 2 : rank % 2); };
     runRanks(
@@ -274,6 +280,7 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";  // and BRAID_TIMEOUT's default
+  options.config.transports = "shm,tcp";
   options.deadline = std::chrono::seconds(120);
   options.enter = [&](int rank) { hosts.enter(rank); };
   runRanks(
@@ -301,11 +308,26 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
       options);
 }
 
+// The moments at which the fault tests strike, in ms after both ranks
+// loop: BRAID_FAULT_MOMENTS_MS (a comma list; the full run is
+// 100,300,900,1700,2600), else three of them.
+std::vector<std::chrono::milliseconds> faultMoments() {
+  const char* env = std::getenv("BRAID_FAULT_MOMENTS_MS");
+  std::string list = env && *env ? env : "300,900,1700";
+  std::vector<std::chrono::milliseconds> moments;
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    moments.emplace_back(std::stoll(list.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return moments;
+}
+
 // Network faults between two namespace hosts, in the middle of all-reduce
-// loops over tcp, each at three moments: the link taken down; a silent
-// partition (blackhole routes both ways: packets vanish, the link stays
-// up); and host 1 torn down (its link deleted, then its rank killed, as a
-// machine that loses power). Every surviving rank fails within the timeout
+// loops over tcp, each at every moment of faultMoments(): the link taken
+// down; a silent partition (blackhole routes both ways: packets vanish, the
+// link stays up); and host 1 torn down (its link deleted, then its rank
+// killed, as a machine that loses power). Every surviving rank fails within the timeout
 // plus 2 s, naming the other, and nothing hangs.
 TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
   struct Flags {
@@ -313,8 +335,7 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
     std::atomic<int> down;     // host 1's link is gone (torn down)
   };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
-    for (const auto moment : {std::chrono::milliseconds(300), std::chrono::milliseconds(900),
-                              std::chrono::milliseconds(1700)}) {
+    for (const auto moment : faultMoments()) {
       NamespaceHosts hosts(2);
       if (!hosts.ready()) GTEST_SKIP() << hosts.why();
       const std::string label =
@@ -328,6 +349,7 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
       options.idConfig = Config{};
       options.idConfig->socketIfname = "eth0";
       options.config.socketIfname = "";
+      options.config.transports = "shm,tcp";
       options.config.timeout = kTimeout;
       options.deadline = std::chrono::seconds(60);
       options.enter = [&](int rank) { hosts.enter(rank); };
@@ -402,6 +424,7 @@ TEST(MultiHost, DeviceBuffersAcrossHostsAreStagedOverTcp) {
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";
+  options.config.transports = "shm,tcp";
   options.config.timeout = std::chrono::seconds(30);
   options.deadline = std::chrono::seconds(300);
   options.enter = [&](int rank) {
