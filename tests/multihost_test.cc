@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,22 +29,32 @@
 namespace braid::testing {
 namespace {
 
+// Options for ranks on namespace hosts, rank r entering host hostOf(r):
+// the job id made in host 0 on its eth0, each rank on the interface that
+// routes to the root, tcp across hosts even where ucx is built (ucx has
+// its own suite, ucx_multihost_test.cc), the communicator's timeout and
+// the harness's deadline.
+RunOptions onHosts(NamespaceHosts& hosts, std::function<int(int)> hostOf,
+                   std::chrono::milliseconds timeout, std::chrono::seconds deadline) {
+  RunOptions options;
+  options.idConfig = Config{};
+  options.idConfig->socketIfname = "eth0";
+  options.config.socketIfname = "";
+  options.config.transports = "shm,tcp";
+  options.config.timeout = timeout;
+  options.deadline = deadline;
+  options.enter = [&hosts, hostOf](int rank) { hosts.enter(hostOf(rank)); };
+  return options;
+}
+
 TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
   NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
 
   // The root lives in rank 0, inside host 0. No transport is forced: the
   // namespaces are two hosts to braid, so every pair takes tcp.
-  RunOptions options;
-  options.idConfig = Config{};
-  options.idConfig->socketIfname = "eth0";
-  options.config.socketIfname = "";  // each rank uses the interface that routes to the root
-  // tcp across hosts even where ucx is built (its own tests are in
-  // ucx_multihost_test.cc); so in every test here.
-  options.config.transports = "shm,tcp";
-  options.config.timeout = std::chrono::seconds(30);
-  options.deadline = std::chrono::seconds(60);
-  options.enter = [&](int rank) { hosts.enter(rank % 2); };
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank % 2; }, std::chrono::seconds(30), std::chrono::seconds(60));
   runRanks(
       4,
       [](Communicator& comm) {
@@ -103,14 +114,9 @@ TEST(MultiHost, SocketIfnameSelectsTheInterface) {
 TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
   NamespaceHosts hosts(4);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-  RunOptions options;
-  options.idConfig = Config{};
-  options.idConfig->socketIfname = "eth0";
-  options.config.socketIfname = "";
-  options.config.transports = "shm,tcp";
-  options.config.timeout = std::chrono::seconds(30);
-  options.deadline = std::chrono::seconds(120);
-  options.enter = [&](int rank) { hosts.enter(rank % 4); };
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank % 4; }, std::chrono::seconds(30),
+      std::chrono::seconds(120));
   runRanks(
       8,
       [](Communicator& comm) {
@@ -150,14 +156,10 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
 TEST(MultiHost, HierarchicalCollectivesAreExactOnTwoHostsOfThreeRanks) {
   NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-  RunOptions options;
-  options.idConfig = Config{};
-  options.idConfig->socketIfname = "eth0";
-  options.config.socketIfname = "";
-  options.config.transports = "shm,tcp";
-  options.config.timeout = std::chrono::seconds(30);
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank / 3; }, std::chrono::seconds(30),
+      std::chrono::seconds(180));
   options.config.chunkBytes = 64 << 10;  // many rounds at the largest size
-  options.deadline = std::chrono::seconds(180);
   options.enter = [&](int rank) {
     hosts.enter(rank / 3);
     ::setenv("BRAID_ALGO", "hier", 1);
@@ -239,13 +241,9 @@ TEST(MultiHost, TheTunerPicksHierarchicalAlgorithmsForRanksNumberedHostByHost) {
   for (bool byHost : {true, false}) {
     NamespaceHosts hosts(2);
     if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-    RunOptions options;
-    options.idConfig = Config{};
-    options.idConfig->socketIfname = "eth0";
-    options.config.socketIfname = "";
-    options.config.transports = "shm,tcp";
-    options.config.timeout = std::chrono::seconds(30);
-    options.enter = [&](int rank) { hosts.enter(byHost ? rank / 2 : rank % 2); };
+    RunOptions options = onHosts(
+        hosts, [byHost](int rank) { return byHost ? rank / 2 : rank % 2; },
+        std::chrono::seconds(30), std::chrono::seconds(120));
     runRanks(
         4,
         [byHost](Communicator& comm) {
@@ -276,13 +274,9 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
                                  " latency 200ms";
     if (std::system(throttle.c_str()) != 0) GTEST_SKIP() << "tc cannot add a tbf qdisc here";
   }
-  RunOptions options;
-  options.idConfig = Config{};
-  options.idConfig->socketIfname = "eth0";
-  options.config.socketIfname = "";  // and BRAID_TIMEOUT's default
-  options.config.transports = "shm,tcp";
-  options.deadline = std::chrono::seconds(120);
-  options.enter = [&](int rank) { hosts.enter(rank); };
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank; }, std::chrono::seconds(0), std::chrono::seconds(120));
+  // (A timeout of 0 leaves BRAID_TIMEOUT's default.)
   runRanks(
       2,
       [](Communicator& comm) {
@@ -345,14 +339,8 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
       SharedWithRanks<Flags> flags;
       std::atomic<int>* torn = &flags->down;
       std::atomic<int>* looping = &flags->looping;
-      RunOptions options;
-      options.idConfig = Config{};
-      options.idConfig->socketIfname = "eth0";
-      options.config.socketIfname = "";
-      options.config.transports = "shm,tcp";
-      options.config.timeout = kTimeout;
-      options.deadline = std::chrono::seconds(60);
-      options.enter = [&](int rank) { hosts.enter(rank); };
+      RunOptions options = onHosts(
+          hosts, [](int rank) { return rank; }, kTimeout, std::chrono::seconds(60));
       if (kind == "host torn down") options.killed = {1};
       // The moment counts from when both ranks loop (creation, with its
       // calibration, takes longer under the sanitizers).
@@ -420,13 +408,9 @@ TEST(MultiHost, DeviceBuffersAcrossHostsAreStagedOverTcp) {
   NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
   ::setenv("BRAID_DEVICE_SLOT_BYTES", "64K", 1);  // many slots in flight per op
-  RunOptions options;
-  options.idConfig = Config{};
-  options.idConfig->socketIfname = "eth0";
-  options.config.socketIfname = "";
-  options.config.transports = "shm,tcp";
-  options.config.timeout = std::chrono::seconds(30);
-  options.deadline = std::chrono::seconds(300);
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank % 2; }, std::chrono::seconds(30),
+      std::chrono::seconds(300));
   options.enter = [&](int rank) {
     hosts.enter(rank % 2);
     device::select("emulated");
