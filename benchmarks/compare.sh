@@ -12,8 +12,8 @@
 #   Open MPI  mpirun.openmpi in host 0, --host naming each host's address,
 #             its ranks started in the other hosts through the netns rsh
 #             agent (each under its own hostname), --bind-to none, over btl
-#             tcp,self (plus vader with several ranks per host; idle ranks
-#             yield when there are more ranks than CPUs)
+#             tcp,self with pml ob1 (plus vader with several ranks per
+#             host; idle ranks yield when there are more ranks than CPUs)
 #   Gloo      as below, its tcp device on each host's eth0
 #   (MPICH is not run across namespace hosts.)
 # On one host:
@@ -44,7 +44,9 @@
 #                -R 1), which same-host peers read in place, as an extra
 #                column (default 0)
 #   BRAID_ALSO   braid transports to run too, as extra columns (e.g. "tcp";
-#                default none); braid's ratios are those of its own choice
+#                default none; across namespace hosts "ucx" runs shm,ucx, and
+#                UCX_TLS=tcp,self: UCX would take shared memory between
+#                namespaces); braid's ratios are those of its own choice
 #   BRAID_ALGOS  braid algorithms (BRAID_ALGO) to run too, as extra columns
 #                (e.g. "ring hier"; default none)
 #   GLOO_ALGOS   Gloo variants, best per size is shown (default
@@ -132,6 +134,9 @@ if [ "$HOSTS" -gt 0 ]; then
     exit 1
   fi
   netns=("$hosts_sh" run "$NETNS_PREFIX" "$PER_HOST" "$NRANKS")
+  # UCX tells shared memory's reach by IPC namespace, which the namespace
+  # hosts share: between them it must use tcp.
+  export UCX_TLS=tcp,self
 fi
 # launch PROGRAM ARGS...: NRANKS ranks of a program that reads braid-run's
 # variables, on this host or across the namespace hosts.
@@ -219,7 +224,10 @@ if [ "${BRAID_MEMALLOC:-0}" = 1 ]; then
     allreduce -R 1 "${sizes[@]}"
 fi
 for transport in $BRAID_ALSO; do
-  job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$transport" \
+  # Across namespace hosts shm stays within each host.
+  chosen=$transport
+  [ "$HOSTS" -gt 0 ] && [ "$transport" != shm ] && chosen="shm,$transport"
+  job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$chosen" \
     "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
 done
 for algo in $BRAID_ALGOS; do
@@ -248,7 +256,7 @@ elif [ "$HOSTS" -gt 0 ]; then
   job "Open MPI tcp" ompi-tcp ip netns exec "${NETNS_PREFIX}h0" mpirun.openmpi "${ompi_root[@]}" \
     -np "$NRANKS" --host "$ompi_hosts" --bind-to none "${ompi_yield[@]}" \
     --mca plm_rsh_agent "$hosts_sh" \
-    --mca plm_rsh_args rsh --mca btl "$ompi_btl" --mca btl_tcp_if_include eth0 \
+    --mca plm_rsh_args rsh --mca pml ob1 --mca btl "$ompi_btl" --mca btl_tcp_if_include eth0 \
     --mca oob_tcp_if_include eth0 "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
 else
   ompi=(mpirun.openmpi "${ompi_root[@]}" -np "$NRANKS" --oversubscribe --bind-to none)
