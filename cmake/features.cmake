@@ -1,9 +1,10 @@
 # BRAID_CUDA, BRAID_UCX, BRAID_IBVERBS: AUTO uses what is found, ON requires
 # it, OFF skips it. Each resolved choice is printed once and becomes a
 # BRAID_HAVE_<NAME>=0|1 definition that braid-info reports. CUDA builds
-# the CUDA device (src/device/cuda), UCX the ucx transport (transports/ucx,
-# libbraid then links libucp and libucs); the verbs transport is not in
-# this release yet.
+# the CUDA device (src/device/cuda), UCX the ucx transport (transports/ucx:
+# UCX's headers at build time; libbraid loads libucp at run time, when a
+# communicator first takes ucx); the verbs transport is not in this release
+# yet.
 set(BRAID_CUDA AUTO CACHE STRING "CUDA support: AUTO, ON or OFF")
 set(BRAID_UCX AUTO CACHE STRING "UCX transport: AUTO, ON or OFF")
 set(BRAID_IBVERBS AUTO CACHE STRING "InfiniBand verbs transport: AUTO, ON or OFF")
@@ -23,7 +24,8 @@ function(braid_resolve_feature opt found what)
     if(opt STREQUAL "BRAID_CUDA")
       message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the CUDA device")
     elseif(opt STREQUAL "BRAID_UCX")
-      message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the ucx transport")
+      message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the ucx transport "
+        "(libucp loaded at run time)")
     else()
       message(STATUS "braid: ${opt}=${${opt}}: ${what} found (no code uses it yet)")
     endif()
@@ -48,14 +50,10 @@ if(NOT BRAID_UCX STREQUAL "OFF")
   find_package(PkgConfig QUIET)
   if(PkgConfig_FOUND)
     pkg_check_modules(UCX QUIET ucx)
-    # libbraid calls UCP and UCS only: those two, not all pkg-config lists.
     if(UCX_FOUND)
       find_path(BRAID_UCX_INCLUDE_DIR ucp/api/ucp.h HINTS ${UCX_INCLUDE_DIRS})
-      find_library(BRAID_UCP_LIBRARY ucp HINTS ${UCX_LIBRARY_DIRS})
-      find_library(BRAID_UCS_LIBRARY ucs HINTS ${UCX_LIBRARY_DIRS})
-      if(BRAID_UCX_INCLUDE_DIR AND BRAID_UCP_LIBRARY AND BRAID_UCS_LIBRARY)
+      if(BRAID_UCX_INCLUDE_DIR)
         set(_ucx_found TRUE)
-        set(BRAID_UCX_LIBRARIES ${BRAID_UCP_LIBRARY} ${BRAID_UCS_LIBRARY})
       endif()
     endif()
   endif()

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "transports/ucx/ucx_api.h"
 
 namespace braid::transport::ucx {
 namespace {
@@ -73,7 +74,7 @@ void UcxConnection::postSend(uint32_t bytes, uint32_t tag) {
   }
   ucp_request_param_t param = requestParam(number % slots_, &slot);
   param.cb.send = &UcxConnection::onSent;
-  const ucs_status_ptr_t posted = ucp_tag_send_sync_nbx(
+  const ucs_status_ptr_t posted = api().tagSendSyncNbx(
       ep_, memory, bytes + sizeof(Trailer), makeTag(Class::Data, comm_, rank_, number), &param);
   if (UCS_PTR_IS_ERR(posted)) sent(slot, UCS_PTR_STATUS(posted));
 }
@@ -86,10 +87,10 @@ std::string UcxConnection::connect(const ucp_address_t* address) {
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxConnection::onEndpointError;
   params.err_handler.arg = this;
-  const ucs_status_t status = ucp_ep_create(worker_, &params, &ep_);
+  const ucs_status_t status = api().epCreate(worker_, &params, &ep_);
   if (status != UCS_OK) {
     ep_ = nullptr;
-    return format("cannot make an endpoint to rank %d: %s", peer_, ucs_status_string(status));
+    return format("cannot make an endpoint to rank %d: %s", peer_, api().statusString(status));
   }
   for (size_t i = 0; i < slots_; ++i) postRecv();
   postWordRecv();
@@ -149,7 +150,7 @@ bool UcxConnection::pumpWords() {
 
 void UcxConnection::settle() {
   if (trouble_ == UCS_OK || closed_ || !failure_.empty()) return;
-  fail(format("the connection to peer %d failed: %s (UCX)", peer_, ucs_status_string(trouble_)));
+  fail(format("the connection to peer %d failed: %s (UCX)", peer_, api().statusString(trouble_)));
 }
 
 void* UcxConnection::startClose() {
@@ -158,7 +159,7 @@ void* UcxConnection::startClose() {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   const bool force = closed_ || gaveUp_ || trouble_ != UCS_OK || !failure_.empty();
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  const ucs_status_ptr_t closing = ucp_ep_close_nbx(ep_, &param);
+  const ucs_status_ptr_t closing = api().epCloseNbx(ep_, &param);
   ep_ = nullptr;
   return UCS_PTR_IS_PTR(closing) ? closing : nullptr;
 }
@@ -166,8 +167,8 @@ void* UcxConnection::startClose() {
 void UcxConnection::cancelReceives() {
   for (size_t i = 0; i < slots_; ++i)
     if (recvSlots_[i].state == RecvSlot::Posted)
-      ucp_request_cancel(worker_, requests_.at(recvRequest(i)));
-  if (wordIn_.posted) ucp_request_cancel(worker_, requests_.at(wordInRequest()));
+      api().requestCancel(worker_, requests_.at(recvRequest(i)));
+  if (wordIn_.posted) api().requestCancel(worker_, requests_.at(wordInRequest()));
 }
 
 bool UcxConnection::requestsOutstanding() const {
@@ -226,13 +227,13 @@ void UcxConnection::postRecv() {
   slot.state = RecvSlot::Posted;
   ucp_request_param_t param = requestParam(recvRequest(number % slots_), &slot);
   param.cb.recv = &UcxConnection::onReceived;
-  const ucs_status_ptr_t posted = ucp_tag_recv_nbx(
+  const ucs_status_ptr_t posted = api().tagRecvNbx(
       worker_, recvMemory_.data() + (number % slots_) * stride_, slotBytes_ + sizeof(Trailer),
       makeTag(Class::Data, comm_, peer_, 0), kSenderMask, &param);
   if (UCS_PTR_IS_ERR(posted)) {
     slot.state = RecvSlot::Idle;
     fail(format("posting a receive for peer %d failed: %s", peer_,
-                ucs_status_string(UCS_PTR_STATUS(posted))));
+                api().statusString(UCS_PTR_STATUS(posted))));
   }
 }
 
@@ -281,8 +282,8 @@ void UcxConnection::sendWord(WordOut& out, Word word, bool synchronous) {
   param.cb.send = &UcxConnection::onWordSent;
   const uint64_t tag = makeTag(Class::Word, comm_, rank_, wordsSent_++);
   const ucs_status_ptr_t posted =
-      synchronous ? ucp_tag_send_sync_nbx(ep_, &out.word, sizeof(Word), tag, &param)
-                  : ucp_tag_send_nbx(ep_, &out.word, sizeof(Word), tag, &param);
+      synchronous ? api().tagSendSyncNbx(ep_, &out.word, sizeof(Word), tag, &param)
+                  : api().tagSendNbx(ep_, &out.word, sizeof(Word), tag, &param);
   if (UCS_PTR_IS_ERR(posted)) {
     out.busy = false;
     noteTrouble(UCS_PTR_STATUS(posted));
@@ -301,7 +302,7 @@ void UcxConnection::postWordRecv() {
   ucp_request_param_t param = requestParam(wordInRequest(), &wordIn_);
   param.cb.recv = &UcxConnection::onWordReceived;
   const ucs_status_ptr_t posted =
-      ucp_tag_recv_nbx(worker_, &wordIn_.word, sizeof(Word), makeTag(Class::Word, comm_, peer_, 0),
+      api().tagRecvNbx(worker_, &wordIn_.word, sizeof(Word), makeTag(Class::Word, comm_, peer_, 0),
                        kSenderMask, &param);
   if (UCS_PTR_IS_ERR(posted)) {
     wordIn_.posted = false;

@@ -15,10 +15,11 @@ namespace braid::transport::ucx {
 
 class Worker {
  public:
-  // Opens a context with features TAG and WAKEUP (UCX reads its own
-  // configuration, UCX_TLS, UCX_NET_DEVICES and the rest, from the
-  // environment; braid changes none of it) and a worker on it. Throws
-  // Error(SystemError) naming the UCX call that failed.
+  // Loads UCX (ucx_api.h) and opens a context with features TAG and
+  // WAKEUP (UCX reads its own configuration, UCX_TLS, UCX_NET_DEVICES and
+  // the rest, from the environment; braid changes none of it) and a worker
+  // on it. Throws Error(SystemError) saying what is missing or naming the
+  // UCX call that failed.
   static std::unique_ptr<Worker> open(int nranks);
   ~Worker();
   Worker(const Worker&) = delete;
