@@ -11,6 +11,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/ucx/ucx_api.h"
 #include "transports/ucx/ucx_connection.h"
 #include "transports/ucx/ucx_worker.h"
 
@@ -39,13 +40,13 @@ class UcxTransport final : public Transport {
     const Clock::time_point closeBy = Clock::now() + kCloseWithin;
     auto stillClosing = [&] {
       for (void* request : closing)
-        if (ucp_request_check_status(request) == UCS_INPROGRESS) return true;
+        if (api().requestCheckStatus(request) == UCS_INPROGRESS) return true;
       return false;
     };
     ucs_status_t status = UCS_OK;
     while (stillClosing() && Clock::now() < closeBy)
       if (!worker_->sleep(std::min(closeBy, Clock::now() + kIdleSlice), &status)) break;
-    for (void* request : closing) ucp_request_free(request);  // UCX frees those still going
+    for (void* request : closing) api().requestFree(request);  // UCX frees those still going
     for (auto& connection : connections_) connection->cancelReceives();
     const Clock::time_point cancelBy = Clock::now() + kCancelWithin;
     auto outstanding = [&] {
@@ -72,18 +73,21 @@ class UcxTransport final : public Transport {
 
   // One turn of the worker, then what the callbacks left: words taken in,
   // UCX errors settled (after the words: a peer that said bye or gave up
-  // is closed, not failed), notices that waited for memory sent.
+  // is closed, not failed), notices that waited for memory sent. Returns
+  // true only when something of braid's moved: UCX may keep handling
+  // events of its own (retrying a send to a dead peer), and the executor
+  // must still idle, sleep and time out then.
   bool progress() override {
     throwIfFailed();
     const uint64_t before = shared_.activity;
-    const bool turned = ucp_worker_progress(worker_->handle()) != 0;
+    api().workerProgress(worker_->handle());
     for (auto& connection : connections_) {
       connection->pumpWords();
       connection->settle();
       connection->sendNotice();
     }
     throwIfFailed();
-    return turned || shared_.activity != before;
+    return shared_.activity != before;
   }
 
   int failedPeer() const override { return failedPeer_; }
@@ -91,39 +95,49 @@ class UcxTransport final : public Transport {
   void prepareToWait() override { snapshot_ = shared_.activity; }
 
   // Sleeps on the worker's event file descriptor, and on the pidfds of
-  // same-host peers, until anything happened since prepareToWait().
+  // same-host peers, until anything happened since prepareToWait(). While
+  // UCX keeps handling events of its own (so that the worker cannot be
+  // armed; a send to a dead peer over shared memory retries like that),
+  // it looks at the pidfds between turns and, after the first few turns,
+  // pauses there briefly instead of spinning.
   void waitForActivity(Clock::time_point until) override {
-    for (;;) {
+    pollFds_.assign(1, {worker_->eventFd(), POLLIN, 0});
+    watched_.clear();
+    for (auto& connection : connections_)
+      if (connection->pidFd() >= 0) {
+        pollFds_.push_back({connection->pidFd(), POLLIN, 0});
+        watched_.push_back(connection.get());
+      }
+    for (int turn = 0;; ++turn) {
       if (shared_.activity != snapshot_ || shared_.anyFailure) return;
-      if (Clock::now() >= until) return;
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+      if (left.count() <= 0) return;
       const ucs_status_t armed = arm(worker_->handle(), until);
-      if (armed == UCS_INPROGRESS) continue;  // an event came first: look again
-      if (armed != UCS_OK) {
-        failure_ = format("arming the UCX worker failed: %s", ucs_status_string(armed));
+      if (armed != UCS_OK && armed != UCS_INPROGRESS) {
+        failure_ = format("arming the UCX worker failed: %s", api().statusString(armed));
         shared_.anyFailure = true;
         return;
       }
-      pollFds_.assign(1, {worker_->eventFd(), POLLIN, 0});
-      watched_.clear();
-      for (auto& connection : connections_)
-        if (connection->pidFd() >= 0) {
-          pollFds_.push_back({connection->pidFd(), POLLIN, 0});
-          watched_.push_back(connection.get());
-        }
-      const auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
-      if (wait.count() <= 0) return;
+      // Armed: the worker's fd and the pidfds, until `until`. Not armed
+      // (UCX handled events, which may not be ours): the pidfds only.
+      const std::chrono::nanoseconds wait = armed == UCS_OK ? left
+                                            : turn < 4      ? std::chrono::nanoseconds(0)
+                                                            : std::min(left, kPause);
       timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
                        static_cast<long>(wait.count() % 1000000000)};
-      if (::ppoll(pollFds_.data(), pollFds_.size(), &timeout, nullptr) <= 0) return;
-      for (size_t i = 1; i < pollFds_.size(); ++i)
-        if (pollFds_[i].revents) {
-          // Whatever the peer said before it went is in the worker: take
-          // it in before judging.
-          for (int turn = 0; turn < 1000 && ucp_worker_progress(worker_->handle()) != 0; ++turn) {
+      const size_t first = armed == UCS_OK ? 0 : 1;
+      for (size_t i = 0; i < pollFds_.size(); ++i) pollFds_[i].revents = 0;
+      if (::ppoll(pollFds_.data() + first, pollFds_.size() - first, &timeout, nullptr) > 0)
+        for (size_t i = 1; i < pollFds_.size(); ++i)
+          if (pollFds_[i].revents && watched_[i - 1]->pidFd() >= 0) {
+            // Whatever the peer said before it went is in the worker: take
+            // it in before judging.
+            for (int drain = 0; drain < 1000 && api().workerProgress(worker_->handle()) != 0;
+                 ++drain) {
+            }
+            watched_[i - 1]->processExited();
           }
-          watched_[i - 1]->processExited();
-        }
-      return;
+      if (armed == UCS_OK) return;
     }
   }
 
@@ -177,6 +191,8 @@ class UcxTransport final : public Transport {
   static constexpr std::chrono::milliseconds kCloseWithin{1000};
   static constexpr std::chrono::milliseconds kCancelWithin{200};
   static constexpr std::chrono::milliseconds kIdleSlice{10};
+  // The pause between turns of a worker that UCX keeps busy.
+  static constexpr std::chrono::nanoseconds kPause{100000};
 
   void throwIfFailed() {
     if (!shared_.anyFailure) return;
