@@ -296,6 +296,55 @@ TEST(UcxMultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) 
     }
 }
 
+// A rank killed on the other host, in the middle of an all-reduce loop: UCX
+// sees its connections reset (no pidfd watches a peer on another host), and
+// both survivors, ranks 0 and 2 on host 0, fail with RemoteError naming
+// rank 1 within 2 s of its death, long before the timeout.
+TEST(UcxMultiHost, ARankKilledOnTheOtherHostFailsTheSurvivorsNamingItWithinTwoSeconds) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  struct Death {
+    std::atomic<int64_t> at;  // steady clock, ns
+  };
+  SharedWithRanks<Death> death;
+  std::atomic<int64_t>* diedAt = &death->at;
+  auto nowNs = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               steady_clock::now().time_since_epoch())
+        .count();
+  };
+  RunOptions options = acrossHosts(hosts, std::chrono::seconds(20));
+  options.killed = {1};
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        requireTransports(comm, 2, "ucx");
+        std::vector<float> buf(1 << 16, 1.0f);
+        comm.barrier();
+        if (comm.rank() == 1)
+          std::thread([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            diedAt->store(nowNs());
+            ::kill(::getpid(), SIGKILL);
+          }).detach();
+        try {
+          for (;;)
+            comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+        } catch (const Error& error) {
+          const int64_t died = diedAt->load();
+          const std::string what = error.what();
+          require(error.code() == ErrorCode::RemoteError, "expected RemoteError: " + what);
+          require(what.find("peer 1 ") != std::string::npos ||
+                      what.find("rank 1 failed") != std::string::npos,
+                  "the error does not name rank 1: " + what);
+          require(died > 0 && nowNs() - died < 2'000'000'000,
+                  format("failed %.3f s after the death", (nowNs() - died) / 1e9));
+        }
+      },
+      options);
+}
+
 // The lines of every log file in `dir` that contain `needle`.
 std::vector<std::string> logLines(const std::string& dir, const std::string& needle) {
   std::vector<std::string> found;
