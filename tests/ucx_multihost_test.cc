@@ -44,19 +44,41 @@ bool ucxBuilt() {
 #define SKIP_UNLESS_UCX_BUILT() \
   if (!ucxBuilt()) GTEST_SKIP() << "braid was built without UCX (BRAID_UCX, libucx-dev)"
 
-// Ranks in `hosts`, rank r on host r % hosts.size(), UCX over TCP, the
-// root in rank 0, each rank on the interface that routes to it.
+// A sysfs that lists one RDMA device (class/infiniband/mlx5_0), as on an
+// RDMA cluster, where BRAID_UCX=AUTO takes ucx between hosts (without one
+// it takes tcp). Only braid's choice is steered: UCX itself runs over TCP
+// here. Made once by the test process, removed when it ends.
+const std::string& rdmaSysfs() {
+  static const struct Dir {
+    std::string path;
+    Dir() {
+      char name[] = "/tmp/braid-sysfsXXXXXX";
+      if (::mkdtemp(name)) path = name;
+      if (!path.empty()) std::system(("mkdir -p " + path + "/class/infiniband/mlx5_0").c_str());
+    }
+    ~Dir() {
+      if (!path.empty()) std::system(("rm -rf " + path).c_str());
+    }
+  } dir;
+  return dir.path;
+}
+
+// Ranks in `hosts`, rank r on host r % hosts.size(), UCX over TCP, an RDMA
+// device in their sysfs, the root in rank 0, each rank on the interface
+// that routes to it.
 RunOptions acrossHosts(const NamespaceHosts& hosts, std::chrono::seconds timeout,
                        std::function<void(int rank)> alsoEnter = {}) {
+  const std::string sysfs = rdmaSysfs();  // made here, before the ranks fork
   RunOptions options;
   options.idConfig = Config{};
   options.idConfig->socketIfname = "eth0";
   options.config.socketIfname = "";
   options.config.timeout = timeout;
   options.deadline = std::chrono::seconds(300);
-  options.enter = [&hosts, alsoEnter](int rank) {
+  options.enter = [&hosts, alsoEnter, sysfs](int rank) {
     hosts.enter(rank % hosts.size());
     ::setenv("UCX_TLS", "tcp,self", 1);
+    ::setenv("BRAID_SYSFS", sysfs.c_str(), 1);
     if (alsoEnter) alsoEnter(rank);
   };
   return options;
@@ -226,7 +248,7 @@ TEST(UcxMultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) 
     std::atomic<int> torn;     // host 1's link is gone
   };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
-    for (const auto moment : {std::chrono::milliseconds(200), std::chrono::milliseconds(1200)}) {
+    for (const auto moment : faultMoments("200,1200")) {
       NamespaceHosts hosts(2);
       if (!hosts.ready()) GTEST_SKIP() << hosts.why();
       const std::string label =
@@ -430,6 +452,48 @@ TEST(UcxMultiHost, WhenOneRankCannotUseUcxEveryRankFallsBackToTcpOrFailsUnderOn)
         },
         options);
   }
+}
+
+// Without an RDMA device on every rank, BRAID_UCX=AUTO takes tcp between
+// hosts (over plain TCP braid's tcp is faster than ucx), saying why in one
+// info line; ON takes ucx all the same.
+TEST(UcxMultiHost, WithoutAnRdmaDeviceAutoTakesTcpAndOnTakesUcx) {
+  SKIP_UNLESS_UCX_BUILT();
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  LogDirectory logs;
+  ASSERT_FALSE(logs.path().empty());
+  ::setenv("BRAID_LOG_LEVEL", "info", 1);
+  ::setenv("BRAID_LOG_FILE", (logs.path() + "/log.%p").c_str(), 1);
+  const std::string none = logs.path();  // a sysfs without class/infiniband
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        requireTransports(comm, 2, "tcp");
+        int32_t mine = comm.rank() + 1, sum = 0;
+        comm.allReduce(&mine, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        require(sum == 3, "1 + 2 over tcp");
+      },
+      acrossHosts(hosts, std::chrono::seconds(30), [none](int rank) {
+        // Rank 1 only: one rank without a device is enough.
+        if (rank == 1) ::setenv("BRAID_SYSFS", none.c_str(), 1);
+      }));
+  ::unsetenv("BRAID_LOG_LEVEL");
+  ::unsetenv("BRAID_LOG_FILE");
+  const std::vector<std::string> lines = logLines(logs.path(), "rank 1 has no RDMA device");
+  EXPECT_EQ(lines.size(), 2u) << "one line from each rank";
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        requireTransports(comm, 2, "ucx");
+        int32_t mine = comm.rank() + 1, sum = 0;
+        comm.allReduce(&mine, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        require(sum == 3, "1 + 2 over ucx");
+      },
+      acrossHosts(hosts, std::chrono::seconds(30), [none](int) {
+        ::setenv("BRAID_SYSFS", none.c_str(), 1);
+        ::setenv("BRAID_UCX", "ON", 1);
+      }));
 }
 
 // BRAID_UCX=OFF keeps the automatic choice off ucx (tcp between hosts);

@@ -297,6 +297,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   transport::Setup setup{*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)};
   setup.sockets = knobs.sockets;
+  setup.ucx = knobs.ucx;
   wiring = transport::wireUp(setup, knobs.transports);
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);

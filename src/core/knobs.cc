@@ -28,8 +28,13 @@ const std::vector<KnobInfo>& knobTable() {
        "network interface for bootstrap and TCP; empty uses the one that routes to the root",
        "NCCL_SOCKET_IFNAME"},
       {"BRAID_UCX", "string", "AUTO",
-       "AUTO: ranks on different hosts use ucx where it is built and starts on every rank, else "
-       "tcp; ON: failing to start it is an error; OFF: tcp (BRAID_TRANSPORT=ucx still selects it)",
+       "AUTO: ranks on different hosts use ucx where it is built, every rank has an RDMA device "
+       "(InfiniBand, RoCE; over plain TCP braid's tcp is faster) and it starts on every rank, "
+       "else tcp; ON: ucx between hosts, failing to start it is an error; OFF: tcp "
+       "(BRAID_TRANSPORT=ucx still selects it)",
+       nullptr},
+      {"BRAID_SYSFS", "string", "/sys",
+       "where braid looks for devices (class/infiniband); tests point it at recorded samples",
        nullptr},
       {"BRAID_CHUNK_BYTES", "bytes", "1M",
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
