@@ -302,21 +302,6 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
       options);
 }
 
-// The moments at which the fault tests strike, in ms after both ranks
-// loop: BRAID_FAULT_MOMENTS_MS (a comma list; the full run is
-// 100,300,900,1700,2600), else three of them.
-std::vector<std::chrono::milliseconds> faultMoments() {
-  const char* env = std::getenv("BRAID_FAULT_MOMENTS_MS");
-  std::string list = env && *env ? env : "300,900,1700";
-  std::vector<std::chrono::milliseconds> moments;
-  for (size_t at = 0; at < list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    moments.emplace_back(std::stoll(list.substr(at, comma - at)));
-    at = comma + 1;
-  }
-  return moments;
-}
-
 // Network faults between two namespace hosts, in the middle of all-reduce
 // loops over tcp, each at every moment of faultMoments(): the link taken
 // down; a silent partition (blackhole routes both ways: packets vanish, the
@@ -329,7 +314,7 @@ TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
     std::atomic<int> down;     // host 1's link is gone (torn down)
   };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
-    for (const auto moment : faultMoments()) {
+    for (const auto moment : faultMoments("300,900,1700")) {
       NamespaceHosts hosts(2);
       if (!hosts.ready()) GTEST_SKIP() << hosts.why();
       const std::string label =

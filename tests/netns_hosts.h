@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -128,5 +129,20 @@ class NamespaceHosts {
   std::string why_;
   bool ready_ = false;
 };
+
+// The moments at which a fault test strikes, in ms after its ranks loop:
+// BRAID_FAULT_MOMENTS_MS (a comma list; the full run is
+// 100,300,900,1700,2600), else `byDefault`.
+inline std::vector<std::chrono::milliseconds> faultMoments(const std::string& byDefault) {
+  const char* env = std::getenv("BRAID_FAULT_MOMENTS_MS");
+  const std::string list = env && *env ? env : byDefault;
+  std::vector<std::chrono::milliseconds> moments;
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    moments.emplace_back(std::stoll(list.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return moments;
+}
 
 }  // namespace braid::testing
