@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev  # the ucx transport (BRAID_UCX)
+  iproute2 openmpi-bin  # namespace hosts (ip, tc), and mpirun in the launch check across them
   clang libclang-rt-14-dev  # clang and its libFuzzer runtime: scripts/fuzz.sh
   python3-torch libtorch-dev pybind11-dev python3-dev  # integrations/torch, for /usr/bin/python3
   python3-pip python3-setuptools)  # its pip install, tested
