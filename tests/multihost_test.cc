@@ -5,16 +5,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bootstrap/socket.h"
@@ -303,84 +300,22 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
 }
 
 // Network faults between two namespace hosts, in the middle of all-reduce
-// loops over tcp, each at every moment of faultMoments(): the link taken
-// down; a silent partition (blackhole routes both ways: packets vanish, the
-// link stays up); and host 1 torn down (its link deleted, then its rank
-// killed, as a machine that loses power). Every surviving rank fails within the timeout
+// loops over tcp (runNetworkFault), at every moment of faultMoments(): the
+// link taken down; a silent partition (blackhole routes both ways: packets
+// vanish, the link stays up); and host 1 torn down (its link deleted, then
+// its rank killed, as a machine that loses power). Every surviving rank fails within the timeout
 // plus 2 s, naming the other, and nothing hangs.
 TEST(MultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
-  struct Flags {
-    std::atomic<int> looping;  // ranks past their first all-reduce
-    std::atomic<int> down;     // host 1's link is gone (torn down)
-  };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
     for (const auto moment : faultMoments("300,900,1700")) {
       NamespaceHosts hosts(2);
       if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-      const std::string label =
-          kind + format(" at %lld ms", static_cast<long long>(moment.count()));
       // (Also the deadline of creating the communicator, on a loaded CI.)
       constexpr auto kTimeout = std::chrono::seconds(5);
-      SharedWithRanks<Flags> flags;
-      std::atomic<int>* torn = &flags->down;
-      std::atomic<int>* looping = &flags->looping;
-      RunOptions options = onHosts(
-          hosts, [](int rank) { return rank; }, kTimeout, std::chrono::seconds(60));
-      if (kind == "host torn down") options.killed = {1};
-      // The moment counts from when both ranks loop (creation, with its
-      // calibration, takes longer under the sanitizers).
-      std::thread fault([&] {
-        const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (looping->load() < 2 && std::chrono::steady_clock::now() < giveUp)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(moment);
-        auto in = [&](int h, const std::string& command) {
-          std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
-        };
-        if (kind == "link down") {
-          in(1, "ip link set eth0 down");
-        } else if (kind == "blackhole") {
-          for (int h = 0; h < 2; ++h)
-            in(h, "ip route add blackhole " + NamespaceHosts::address(1 - h) + "/32");
-        } else {
-          in(1, "ip link del eth0");
-          torn->store(1);
-        }
-      });
-      runRanks(
-          2,
-          [&](Communicator& comm) {
-            const int peer = 1 - comm.rank();
-            if (kind == "host torn down" && comm.rank() == 1)
-              std::thread([torn] {
-                while (torn->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                ::kill(::getpid(), SIGKILL);
-              }).detach();
-            std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
-            const auto start = std::chrono::steady_clock::now();
-            auto lastGood = start;
-            try {
-              for (;;) {
-                comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
-                require(out[100] == 2.0f, label + ": a wrong sum before the fault");
-                if (lastGood == start) looping->fetch_add(1);
-                lastGood = std::chrono::steady_clock::now();
-                require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
-              }
-            } catch (const Error& error) {
-              const auto failedAfter = std::chrono::steady_clock::now() - lastGood;
-              const std::string what = error.what();
-              require(
-                  what.find(format("rank %d", peer)) != std::string::npos ||
-                      what.find(format("peer %d", peer)) != std::string::npos,
-                  label + ": the error does not name rank " + std::to_string(peer) + ": " + what);
-              require(failedAfter < kTimeout + std::chrono::seconds(2),
-                      format("%s: failed %.2f s after the last good op", label.c_str(),
-                             std::chrono::duration<double>(failedAfter).count()));
-            }
-          },
-          options);
-      fault.join();
+      runNetworkFault(hosts, kind, moment,
+                      onHosts(
+                          hosts, [](int rank) { return rank; }, kTimeout, std::chrono::seconds(60)),
+                      kTimeout, [](Communicator&) {});
       if (::testing::Test::HasFailure()) return;
     }
 }

@@ -14,16 +14,21 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/socket.h"
+#include "core/errors.h"
 #include "multirank.h"
 
 namespace braid::testing {
@@ -143,6 +148,82 @@ inline std::vector<std::chrono::milliseconds> faultMoments(const std::string& by
     at = comma + 1;
   }
   return moments;
+}
+
+// One network fault between two namespace hosts (one rank each) in the
+// middle of all-reduce loops: `kind` ("link down"; "blackhole": routes
+// both ways, packets vanish and the link stays up; "host torn down": host
+// 1's link deleted, then its rank killed, as a machine that loses power)
+// strikes `moment` after both ranks loop (creation, with its calibration,
+// takes longer under the sanitizers). Every surviving rank must fail
+// within `timeout` (the ranks' Config::timeout) plus 2 s, naming the
+// other. `check` runs first in each rank (e.g. that the pair takes the
+// transport under test). `options` enter the ranks into `hosts`.
+inline void runNetworkFault(NamespaceHosts& hosts, const std::string& kind,
+                            std::chrono::milliseconds moment, RunOptions options,
+                            std::chrono::milliseconds timeout,
+                            const std::function<void(Communicator&)>& check) {
+  struct Flags {
+    std::atomic<int> looping;  // ranks past their first all-reduce
+    std::atomic<int> torn;     // host 1's link is gone
+  };
+  const std::string label = kind + format(" at %lld ms", static_cast<long long>(moment.count()));
+  SharedWithRanks<Flags> flags;
+  std::atomic<int>* torn = &flags->torn;
+  std::atomic<int>* looping = &flags->looping;
+  if (kind == "host torn down") options.killed = {1};
+  std::thread fault([&] {
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (looping->load() < 2 && std::chrono::steady_clock::now() < giveUp)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(moment);
+    auto in = [&](int h, const std::string& command) {
+      return std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
+    };
+    if (kind == "link down") {
+      in(1, "ip link set eth0 down");
+    } else if (kind == "blackhole") {
+      for (int h = 0; h < 2; ++h)
+        in(h, "ip route add blackhole " + NamespaceHosts::address(1 - h) + "/32");
+    } else {
+      in(1, "ip link del eth0");
+      torn->store(1);
+    }
+  });
+  runRanks(
+      2,
+      [&](Communicator& comm) {
+        check(comm);
+        const int peer = 1 - comm.rank();
+        if (kind == "host torn down" && comm.rank() == 1)
+          std::thread([torn] {
+            while (torn->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            ::kill(::getpid(), SIGKILL);
+          }).detach();
+        std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
+        const auto start = std::chrono::steady_clock::now();
+        auto lastGood = start;
+        try {
+          for (;;) {
+            comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+            require(out[100] == 2.0f, label + ": a wrong sum before the fault");
+            if (lastGood == start) looping->fetch_add(1);
+            lastGood = std::chrono::steady_clock::now();
+            require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
+          }
+        } catch (const Error& error) {
+          const auto failedAfter = std::chrono::steady_clock::now() - lastGood;
+          const std::string what = error.what();
+          require(what.find(format("rank %d", peer)) != std::string::npos ||
+                      what.find(format("peer %d", peer)) != std::string::npos,
+                  label + ": the error does not name rank " + std::to_string(peer) + ": " + what);
+          require(failedAfter < timeout + std::chrono::seconds(2),
+                  format("%s: failed %.2f s after the last good op", label.c_str(),
+                         std::chrono::duration<double>(failedAfter).count()));
+        }
+      },
+      options);
+  fault.join();
 }
 
 }  // namespace braid::testing

@@ -235,85 +235,22 @@ TEST(UcxMultiHost, DeviceBuffersBetweenUcxHostsAreStagedOverTcp) {
 }
 
 // Network faults between two namespace hosts in the middle of all-reduce
-// loops over ucx, each at two moments: the link taken down; a silent
-// partition (blackhole routes both ways: packets vanish, the link stays
-// up); host 1 torn down (its link deleted, then its rank killed, as a
-// machine that loses power). Every surviving rank fails within the timeout
-// plus 2 s, naming the other, and nothing hangs (runRanks' deadline, and
-// each rank destroys its communicator on the way out).
+// loops over ucx (runNetworkFault), at each moment of faultMoments() (two
+// by default): the link taken down; a silent partition; host 1 torn down.
+// Every surviving rank fails within the timeout plus 2 s, naming the
+// other, and nothing hangs (runRanks' deadline, and each rank destroys its
+// communicator on the way out).
 TEST(UcxMultiHost, NetworkFaultsFailEverySurvivorNamingThePeerWithinTheTimeout) {
   SKIP_UNLESS_UCX_BUILT();
-  struct Flags {
-    std::atomic<int> looping;  // ranks past their first all-reduce
-    std::atomic<int> torn;     // host 1's link is gone
-  };
   for (const std::string kind : {"link down", "blackhole", "host torn down"})
     for (const auto moment : faultMoments("200,1200")) {
       NamespaceHosts hosts(2);
       if (!hosts.ready()) GTEST_SKIP() << hosts.why();
-      const std::string label =
-          kind + format(" at %lld ms", static_cast<long long>(moment.count()));
       constexpr auto kTimeout = std::chrono::seconds(5);
-      SharedWithRanks<Flags> flags;
-      std::atomic<int>* torn = &flags->torn;
-      std::atomic<int>* looping = &flags->looping;
       RunOptions options = acrossHosts(hosts, kTimeout);
       options.deadline = std::chrono::seconds(60);
-      if (kind == "host torn down") options.killed = {1};
-      // The moment counts from when both ranks loop.
-      std::thread fault([&] {
-        const auto giveUp = steady_clock::now() + std::chrono::seconds(30);
-        while (looping->load() < 2 && steady_clock::now() < giveUp)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(moment);
-        auto in = [&](int h, const std::string& command) {
-          return std::system(("ip netns exec " + hosts.name(h) + " " + command).c_str());
-        };
-        if (kind == "link down") {
-          in(1, "ip link set eth0 down");
-        } else if (kind == "blackhole") {
-          for (int h = 0; h < 2; ++h)
-            in(h, "ip route add blackhole " + NamespaceHosts::address(1 - h) + "/32");
-        } else {
-          in(1, "ip link del eth0");
-          torn->store(1);
-        }
-      });
-      runRanks(
-          2,
-          [&](Communicator& comm) {
-            requireTransports(comm, 2, "ucx");
-            const int peer = 1 - comm.rank();
-            if (kind == "host torn down" && comm.rank() == 1)
-              std::thread([torn] {
-                while (torn->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                ::kill(::getpid(), SIGKILL);
-              }).detach();
-            std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
-            const auto start = steady_clock::now();
-            auto lastGood = start;
-            try {
-              for (;;) {
-                comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
-                require(out[100] == 2.0f, label + ": a wrong sum before the fault");
-                if (lastGood == start) looping->fetch_add(1);
-                lastGood = steady_clock::now();
-                require(lastGood - start < std::chrono::seconds(30), label + ": no fault came");
-              }
-            } catch (const Error& error) {
-              const auto failedAfter = steady_clock::now() - lastGood;
-              const std::string what = error.what();
-              require(
-                  what.find(format("rank %d", peer)) != std::string::npos ||
-                      what.find(format("peer %d", peer)) != std::string::npos,
-                  label + ": the error does not name rank " + std::to_string(peer) + ": " + what);
-              require(failedAfter < kTimeout + std::chrono::seconds(2),
-                      format("%s: failed %.2f s after the last good op", label.c_str(),
-                             std::chrono::duration<double>(failedAfter).count()));
-            }
-          },
-          options);
-      fault.join();
+      runNetworkFault(hosts, kind, moment, options, kTimeout,
+                      [](Communicator& comm) { requireTransports(comm, 2, "ucx"); });
       if (::testing::Test::HasFailure()) return;
     }
 }
