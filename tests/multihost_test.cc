@@ -44,6 +44,18 @@ RunOptions onHosts(NamespaceHosts& hosts, std::function<int(int)> hostOf,
   return options;
 }
 
+// Every pair's transport as this rank sees it: "self", shm between ranks
+// of one host (hostOf), tcp between hosts.
+void requireShmWithinTcpAcross(Communicator& comm, const std::function<int(int)>& hostOf) {
+  const std::vector<std::string> names = detail::peerTransports(comm);
+  const int r = comm.rank();
+  for (int p = 0; p < comm.size(); ++p) {
+    const char* want = p == r ? "self" : hostOf(p) == hostOf(r) ? "shm" : "tcp";
+    require(names[p] == want,
+            format("rank %d is reached over %s, not %s", p, names[p].c_str(), want));
+  }
+}
+
 TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
   NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
@@ -56,12 +68,7 @@ TEST(MultiHost, CollectivesAcrossTwoNetworkNamespacesOverTcp) {
       4,
       [](Communicator& comm) {
         const int n = comm.size(), r = comm.rank();
-        auto names = detail::peerTransports(comm);
-        for (int p = 0; p < n; ++p)
-          require(names[p] == (p == r           ? "self"
-                               : p % 2 == r % 2 ? "shm"
-                                                : "tcp"),
-                  format("rank %d is reached over %s", p, names[p].c_str()));
+        requireShmWithinTcpAcross(comm, [](int q) { return q % 2; });
         std::vector<int64_t> in(1 << 20), out(1 << 20);
         for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (r + 1);
         comm.allReduce(in.data(), out.data(), in.size(), DataType::Int64, ReduceOp::Sum);
@@ -118,12 +125,7 @@ TEST(MultiHost, FourHostsOfTwoRanksTakeShmWithinAndTcpAcross) {
       8,
       [](Communicator& comm) {
         const int n = comm.size(), r = comm.rank();
-        const auto names = detail::peerTransports(comm);
-        for (int p = 0; p < n; ++p)
-          require(names[p] == (p == r           ? "self"
-                               : p % 4 == r % 4 ? "shm"
-                                                : "tcp"),
-                  format("rank %d is reached over %s", p, names[p].c_str()));
+        requireShmWithinTcpAcross(comm, [](int q) { return q % 4; });
         const size_t count = (1 << 19) + 3;
         std::vector<int64_t> in(count), out(count);
         for (size_t i = 0; i < count; ++i) in[i] = static_cast<int64_t>(i % 1000) * (r + 1);
@@ -165,12 +167,7 @@ TEST(MultiHost, HierarchicalCollectivesAreExactOnTwoHostsOfThreeRanks) {
       6,
       [](Communicator& comm) {
         const int n = comm.size(), r = comm.rank();
-        const auto names = detail::peerTransports(comm);
-        for (int p = 0; p < n; ++p)
-          require(names[p] == (p == r           ? "self"
-                               : p / 3 == r / 3 ? "shm"
-                                                : "tcp"),
-                  format("rank %d is reached over %s", p, names[p].c_str()));
+        requireShmWithinTcpAcross(comm, [](int q) { return q / 3; });
         uint64_t seed = 11;
         for (DataType type : {DataType::Int64, DataType::Float32})
           for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg})
