@@ -108,7 +108,7 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
   for (size_t peer = 0; peer < wiring_.connections.size(); ++peer)
     for (auto& transport : wiring_.transports)
       if (!transport->passive() && wiring_.names[peer] == transport->name())
-        unflushable_.push_back(wiring_.connections[peer]);
+        unflushable_.push_back({wiring_.connections[peer], static_cast<int>(peer)});
 }
 
 void Activity::describe(const OpInfo& info, size_t stepCount, size_t laneCount) {
@@ -321,8 +321,8 @@ bool Executor::progressTransports() {
 }
 
 bool Executor::flushed() const {
-  for (const transport::Connection* connection : unflushable_)
-    if (!connection->flushed()) return false;
+  for (const Unflushable& each : unflushable_)
+    if (!each.connection->flushed()) return false;
   return true;
 }
 
@@ -366,8 +366,11 @@ Executor::Wait Executor::waitOf(const Lane* lanes, size_t count) {
     const bool receiving = receives(step.kind) && !wiring_.connections[step.recvPeer]->peekRecv();
     return {&lane, receiving ? step.recvPeer : step.sendPeer, receiving};
   }
-  allReturned();
-  return {nullptr, lent_.empty() ? -1 : lent_[0].peer, false};
+  if (!allReturned()) return {nullptr, lent_[0].peer, false, true};
+  // Every step is done: the wait is for a peer to take the last messages.
+  for (const Unflushable& each : unflushable_)
+    if (!each.connection->flushed()) return {nullptr, each.peer, false};
+  return {};
 }
 
 void Executor::announceWaitingFor(int rank) {
@@ -391,7 +394,9 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration wait
   const Lane* lane = wait.lane ? wait.lane : lanes;
   std::string where = "flushing its last messages";
   if (!wait.lane && wait.peer >= 0)
-    where = format("waiting for rank %d to finish reading this rank's memory", wait.peer);
+    where = wait.lent
+                ? format("waiting for rank %d to finish reading this rank's memory", wait.peer)
+                : format("waiting for rank %d to take its last messages", wait.peer);
   if (wait.lane) {
     const size_t steps = lane->plan->steps.size();
     where = wait.receiving ? format("at step %zu of %zu, waiting for data from rank %d",

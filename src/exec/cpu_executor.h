@@ -157,6 +157,7 @@ class Executor {
     const Lane* lane = nullptr;
     int peer = -1;
     bool receiving = false;
+    bool lent = false;  // no lane left: the peer still reads this rank's memory
   };
   Wait waitOf(const Lane* lanes, size_t count);
   // Past the deadline: tells the peers whom this rank waits for, following
@@ -175,10 +176,14 @@ class Executor {
   // (another process wants this core).
   Clock::duration pureSpin_;
   void adaptSpin(Clock::duration waited);
-  std::vector<transport::Transport*> waitable_;      // transports that can block a waiter
-  std::vector<transport::Transport*> active_;        // transports that progress() must drive
-  std::vector<transport::Connection*> unflushable_;  // connections of active transports
-  std::vector<std::byte> scratch_;                   // algo::kScratchBytes per lane
+  std::vector<transport::Transport*> waitable_;  // transports that can block a waiter
+  std::vector<transport::Transport*> active_;    // transports that progress() must drive
+  struct Unflushable {                           // a connection of an active transport
+    const transport::Connection* connection;
+    int peer;
+  };
+  std::vector<Unflushable> unflushable_;
+  std::vector<std::byte> scratch_;  // algo::kScratchBytes per lane
   size_t referenceBytes_;
   // Connections with pieces posted by reference that the receiver has not
   // released yet: the op is not done before they are (the caller may then
