@@ -47,7 +47,6 @@ const Loaded& loaded() {
     take(api.workerArm, "ucp_worker_arm");
     take(api.epCreate, "ucp_ep_create");
     take(api.epCloseNbx, "ucp_ep_close_nbx");
-    take(api.epFlushNbx, "ucp_ep_flush_nbx");
     take(api.tagSendNbx, "ucp_tag_send_nbx");
     take(api.tagSendSyncNbx, "ucp_tag_send_sync_nbx");
     take(api.tagRecvNbx, "ucp_tag_recv_nbx");

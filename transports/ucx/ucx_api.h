@@ -27,7 +27,6 @@ struct Api {
   decltype(&ucp_worker_arm) workerArm;
   decltype(&ucp_ep_create) epCreate;
   decltype(&ucp_ep_close_nbx) epCloseNbx;
-  decltype(&ucp_ep_flush_nbx) epFlushNbx;
   decltype(&ucp_tag_send_nbx) tagSendNbx;
   decltype(&ucp_tag_send_sync_nbx) tagSendSyncNbx;
   decltype(&ucp_tag_recv_nbx) tagRecvNbx;

@@ -3,7 +3,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "core/errors.h"
@@ -46,8 +45,7 @@ UcxConnection::UcxConnection(Shared& shared, Worker& worker, int rank, int nrank
       recvMemory_(stride_ * slots),
       sendSlots_(slots),
       recvSlots_(slots),
-      requests_(worker.requestSize(), 2 * slots + kExtraRequests),
-      creditEvery_(std::max<size_t>(1, slots / 2)) {
+      requests_(worker.requestSize(), 2 * slots + kWordsOut + 1) {
   for (SendSlot& slot : sendSlots_) slot.owner = this;
   for (RecvSlot& slot : recvSlots_) slot.owner = this;
   for (WordOut& word : wordsOut_) word.owner = this;
@@ -58,8 +56,10 @@ UcxConnection::~UcxConnection() {
   if (pidFd_ >= 0) ::close(pidFd_);
 }
 
-// sendSlot() has checked the credit, so a receive of the peer's waits for
-// the message; its completion frees the slot.
+// A synchronous tagged send: it completes once a receive the peer posted
+// has taken the message (eager messages too), so the slot stays in flight
+// until then: the peer's posted receives are this rank's credit, and a
+// flushed() connection has nothing left that needs this rank's progress.
 void UcxConnection::postSend(uint32_t bytes, uint32_t tag) {
   const uint64_t number = sendPosted_++;
   SendSlot& slot = sendSlots_[number % slots_];
@@ -74,8 +74,7 @@ void UcxConnection::postSend(uint32_t bytes, uint32_t tag) {
   }
   ucp_request_param_t param = requestParam(number % slots_, &slot);
   param.cb.send = &UcxConnection::onSent;
-  ++postedOps_;
-  const ucs_status_ptr_t posted = api().tagSendNbx(
+  const ucs_status_ptr_t posted = api().tagSendSyncNbx(
       ep_, memory, bytes + sizeof(Trailer), makeTag(Class::Data, comm_, rank_, number), &param);
   if (UCS_PTR_IS_ERR(posted)) sent(slot, UCS_PTR_STATUS(posted));
 }
@@ -113,52 +112,27 @@ void UcxConnection::processExited() {
 }
 
 void UcxConnection::sayHello() {
-  if (live()) sendWord(wordsOut_[0], {kHello, -1, 0}, false);
+  if (live()) sendWord(wordsOut_[0], {kHello, -1}, false);
 }
 
 void UcxConnection::noteWaitingFor(int rank) {
   noticeRank_ = rank;
   noticePending_ = true;
-  sendQueuedWords();
+  sendNotice();
 }
 
-void UcxConnection::sendQueuedWords() {
-  if (!live()) return;
-  if (creditPending_ && !wordsOut_[kCreditWord].busy) {
-    creditPending_ = false;
-    sendWord(wordsOut_[kCreditWord], {kCredit, -1, 0}, false);
-  }
-  if (!noticePending_) return;
-  for (size_t i = 0; i < kCreditWord; ++i)
+void UcxConnection::sendNotice() {
+  if (!noticePending_ || !live()) return;
+  for (size_t i = 0; i + 1 < kWordsOut; ++i)
     if (!wordsOut_[i].busy) {
       noticePending_ = false;
-      sendWord(wordsOut_[i], {kWaitingFor, noticeRank_, 0}, false);
+      sendWord(wordsOut_[i], {kWaitingFor, noticeRank_}, false);
       return;
     }
 }
 
-void UcxConnection::startFlush() {
-  if (flushBusy_ || flushTarget_ == postedOps_ || sendDone_ != sendPosted_ || !live()) return;
-  for (const WordOut& word : wordsOut_)
-    if (word.busy) return;
-  flushBusy_ = true;
-  flushTarget_ = postedOps_;
-  ucp_request_param_t param = requestParam(flushRequest(), this);
-  param.cb.send = &UcxConnection::onFlushed;
-  const ucs_status_ptr_t posted = api().epFlushNbx(ep_, &param);
-  if (!UCS_PTR_IS_PTR(posted)) onFlushed(nullptr, UCS_PTR_STATUS(posted), this);
-}
-
-void UcxConnection::onFlushed(void*, ucs_status_t status, void* user) {
-  auto* self = static_cast<UcxConnection*>(user);
-  self->flushBusy_ = false;
-  self->flushedOps_ = self->flushTarget_;
-  ++self->shared_.activity;
-  if (status != UCS_OK && status != UCS_ERR_CANCELED) self->noteTrouble(status);
-}
-
 void UcxConnection::sayLastWord(Word word) {
-  if (live()) sendWord(wordsOut_[kLastWord], word, word.kind != kBye);
+  if (live()) sendWord(wordsOut_[kWordsOut - 1], word, word.kind != kBye);
   saidLastWord_ = true;
   gaveUp_ |= word.kind != kBye;
 }
@@ -204,7 +178,7 @@ bool UcxConnection::requestsOutstanding() const {
     if (slot.state == RecvSlot::Posted) return true;
   for (const WordOut& word : wordsOut_)
     if (word.busy) return true;
-  return wordIn_.posted || flushBusy_;
+  return wordIn_.posted;
 }
 
 void UcxConnection::fail(const std::string& why) {
@@ -301,11 +275,8 @@ void UcxConnection::received(RecvSlot& slot, ucs_status_t status, const ucp_tag_
 }
 
 void UcxConnection::sendWord(WordOut& out, Word word, bool synchronous) {
-  word.released = recvRead_;
-  advertised_ = recvRead_;
   out.word = word;
   out.busy = true;
-  ++postedOps_;
   ucp_request_param_t param =
       requestParam(wordRequest(static_cast<size_t>(&out - wordsOut_.data())), &out);
   param.cb.send = &UcxConnection::onWordSent;
@@ -356,14 +327,6 @@ void UcxConnection::take(const Word& word) {
   if (word.rank < -1 || word.rank >= nranks_)
     return fail(format("peer %d sent a word about rank %d, which does not exist", peer_,
                        static_cast<int>(word.rank)));
-  if (word.released > sendPosted_ || word.released < peerReleased_)
-    return fail(
-        format("peer %d says it released %llu messages, but %llu were sent and it had "
-               "released %llu",
-               peer_, static_cast<unsigned long long>(word.released),
-               static_cast<unsigned long long>(sendPosted_),
-               static_cast<unsigned long long>(peerReleased_)));
-  peerReleased_ = word.released;
   switch (word.kind) {
     case kHello:
       heardHello_ = true;
@@ -379,8 +342,6 @@ void UcxConnection::take(const Word& word) {
       return;
     case kBye:
       closed_ = true;
-      return;
-    case kCredit:
       return;
     default:
       fail(format("peer %d sent a word of unknown kind %u", peer_, word.kind));

@@ -54,26 +54,16 @@ struct Trailer {
   uint32_t tag;
 };
 
-// Side-channel words, tagged Class::Word, 16 bytes each, about a rank: the
+// Side-channel words, tagged Class::Word, 8 bytes each, about a rank: the
 // sender is set up (kHello); it waits for that rank and goes on waiting
 // (kWaitingFor); it gives up because that rank failed (kFailed) or stopped
 // answering (kTimedOut), its last word; or it closes its communicator
 // (kBye), its last word too, after which an endpoint error from its side
-// is no failure. Every word also carries the sender's credit: how many of
-// the receiver's messages it has released so far, which kCredit says
-// alone.
-enum WordKind : uint32_t {
-  kHello = 0,
-  kWaitingFor = 1,
-  kFailed = 2,
-  kTimedOut = 3,
-  kBye = 4,
-  kCredit = 5,
-};
+// is no failure.
+enum WordKind : uint32_t { kHello = 0, kWaitingFor = 1, kFailed = 2, kTimedOut = 3, kBye = 4 };
 struct Word {
   uint32_t kind;
-  int32_t rank;       // -1: none
-  uint64_t released;  // messages from the receiver released so far
+  int32_t rank;  // -1: none
 };
 
 // Zeroed memory aligned to 64 bytes, owned by its holder.
@@ -108,21 +98,7 @@ struct Shared {
   bool anyFailure = false;
 };
 
-// The connection to one peer over the transport's worker.
-//
-// Data messages are plain (not synchronous) tagged sends into receives the
-// peer pre-posted, one per slot. A send's completion frees its slot; the
-// peer's credit bounds what is in flight: message n goes out only once the
-// peer has released message n - slots, so it always finds a posted receive
-// and nothing waits in UCX's unexpected queue. A receiver returns credit in
-// a word once half its slots were released since it last said, so a
-// stream of messages costs a word per slots/2 of them, where a synchronous
-// send costs an acknowledgement each. A completed send may still sit in a
-// UCX buffer (TCP's, UD's retransmission window), so the connection is
-// flushed only once an endpoint flush posted after its last operation
-// completed.
-//
-// Owns its slot
+// The connection to one peer over the transport's worker. Owns its slot
 // memory, its request memory, its endpoint (closed by the transport through
 // startClose()) and the pidfd of a same-host peer's process. Completion
 // callbacks run inside ucp_worker_progress(), or inside the call that posts
@@ -141,30 +117,20 @@ class UcxConnection final : public Connection {
   size_t slotBytes() const override { return slotBytes_; }
   std::byte* sendSlot(size_t) override {
     if (sendPosted_ - sendDone_ == slots_) return nullptr;
-    // A closed peer reads nothing more: its messages are dropped as posted.
-    if (sendPosted_ - peerReleased_ == slots_ && !closed_) return nullptr;
     return sendMemory_.data() + (sendPosted_ % slots_) * stride_;
   }
   void postSend(uint32_t bytes, uint32_t tag) override;
   const Message* peekRecv() override {
     return recvRead_ == recvFilled_ ? nullptr : &recvSlots_[recvRead_ % slots_].message;
   }
-  // Hands the slot back to UCX as the next receive, and credits the peer
-  // once half the slots were released since the last word.
+  // Hands the slot back to UCX as the next receive.
   void releaseRecv() override {
     ++recvRead_;
     if (!closed_ && failure_.empty() && ep_) postRecv();
-    if (recvRead_ - advertised_ >= creditEvery_) {
-      creditPending_ = true;
-      sendQueuedWords();
-    }
   }
-  // Every send completed, the credit owed said, and an endpoint flush
-  // after the last of them completed; or the peer closed: then nobody
-  // reads what is left.
-  bool flushed() const override {
-    return closed_ || (sendDone_ == sendPosted_ && !creditPending_ && flushedOps_ == postedOps_);
-  }
+  // A message is done when a receive of the peer has taken it (see
+  // postSend), or when the peer closed: then nobody will.
+  bool flushed() const override { return sendDone_ == sendPosted_ || closed_; }
   bool peerClosed() const override { return closed_; }
   int failedRank() const override { return failedRank_; }
   bool peerTimedOut() const override { return peerTimedOut_; }
@@ -192,16 +158,12 @@ class UcxConnection final : public Connection {
   // Queues the notice that this rank waits for `rank`; it goes out as soon
   // as memory for a word is free (a newer notice replaces one still queued).
   void noteWaitingFor(int rank);
-  // Sends the credit and the notice that wait for memory for a word.
-  void sendQueuedWords();
-  // Posts an endpoint flush once every operation posted so far completed
-  // locally and no flush covers them yet (see flushed()).
-  void startFlush();
+  void sendNotice();
   // The last word: this rank gives up (kFailed, kTimedOut) or closes
   // (kBye). A give-up goes synchronously, so that lastWordInFlight() tells
   // whether the peer has it. Nothing is sent afterwards.
   void sayLastWord(Word word);
-  bool lastWordInFlight() const { return wordsOut_[kLastWord].busy; }
+  bool lastWordInFlight() const { return wordsOut_[kWordsOut - 1].busy; }
 
   // Takes in the words that arrived and posts the next receive for them.
   // Returns true if any arrived.
@@ -222,11 +184,9 @@ class UcxConnection final : public Connection {
   bool requestsOutstanding() const;
 
  private:
-  // Memory for outgoing words: notices and the hello, then one kept for
-  // credit and one for the last word.
-  static constexpr size_t kWordsOut = 5;
-  static constexpr size_t kCreditWord = kWordsOut - 2;
-  static constexpr size_t kLastWord = kWordsOut - 1;
+  // Memory for outgoing words: notices and the hello, and the last one
+  // kept for the last word.
+  static constexpr size_t kWordsOut = 4;
 
   struct SendSlot {
     enum State : uint8_t { Idle, Posted, Done } state = Idle;
@@ -258,12 +218,10 @@ class UcxConnection final : public Connection {
 
   ucp_request_param_t requestParam(size_t request, void* user);
   // Request memory, in this order: the send slots', the receive slots',
-  // the outgoing words', the incoming word's, the flush's.
+  // the outgoing words', the incoming word's.
   size_t recvRequest(size_t slot) const { return slots_ + slot; }
   size_t wordRequest(size_t word) const { return 2 * slots_ + word; }
   size_t wordInRequest() const { return 2 * slots_ + kWordsOut; }
-  size_t flushRequest() const { return 2 * slots_ + kWordsOut + 1; }
-  static constexpr size_t kExtraRequests = kWordsOut + 2;
 
   void sent(SendSlot& slot, ucs_status_t status);
   void postRecv();
@@ -278,7 +236,6 @@ class UcxConnection final : public Connection {
   static void onWordSent(void* request, ucs_status_t status, void* user);
   static void onWordReceived(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                              void* user);
-  static void onFlushed(void* request, ucs_status_t status, void* user);
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   Shared& shared_;
@@ -306,22 +263,6 @@ class UcxConnection final : public Connection {
   uint64_t recvFilled_ = 0;
   uint64_t recvRead_ = 0;
   Requests requests_;
-
-  // Credit: the peer has released peerReleased_ of this rank's messages;
-  // this rank last told it of advertised_ of its own releases, and owes
-  // it a word (creditPending_) once creditEvery_ more are released.
-  uint64_t peerReleased_ = 0;
-  uint64_t advertised_ = 0;
-  uint64_t creditEvery_;
-  bool creditPending_ = false;
-
-  // Flushing: postedOps_ sends and words posted; a flush posted after
-  // flushTarget_ of them is in flight (flushBusy_), and one posted after
-  // flushedOps_ of them completed.
-  uint64_t postedOps_ = 0;
-  uint64_t flushTarget_ = 0;
-  uint64_t flushedOps_ = 0;
-  bool flushBusy_ = false;
 
   std::array<WordOut, kWordsOut> wordsOut_;
   WordIn wordIn_;

@@ -33,7 +33,7 @@ class UcxTransport final : public Transport {
   // for a dead peer: its endpoint is closed by force, and every wait here
   // has a bound.
   ~UcxTransport() override {
-    for (auto& connection : connections_) connection->sayLastWord({kBye, -1, 0});
+    for (auto& connection : connections_) connection->sayLastWord({kBye, -1});
     std::vector<void*> closing;
     for (auto& connection : connections_)
       if (void* request = connection->startClose()) closing.push_back(request);
@@ -73,8 +73,7 @@ class UcxTransport final : public Transport {
 
   // One turn of the worker, then what the callbacks left: words taken in,
   // UCX errors settled (after the words: a peer that said bye or gave up
-  // is closed, not failed), credit and notices that waited for memory
-  // sent, and flushes posted where every operation completed. Returns
+  // is closed, not failed), notices that waited for memory sent. Returns
   // true only when something of braid's moved: UCX may keep handling
   // events of its own (retrying a send to a dead peer), and the executor
   // must still idle, sleep and time out then.
@@ -85,8 +84,7 @@ class UcxTransport final : public Transport {
     for (auto& connection : connections_) {
       connection->pumpWords();
       connection->settle();
-      connection->sendQueuedWords();
-      connection->startFlush();
+      connection->sendNotice();
     }
     throwIfFailed();
     return shared_.activity != before;
@@ -151,7 +149,7 @@ class UcxTransport final : public Transport {
   // this rank closes its endpoints by force: at most kGiveUpWithin.
   void announceFailure(int failedRank, bool timedOut) override {
     for (auto& connection : connections_)
-      connection->sayLastWord({timedOut ? kTimedOut : kFailed, failedRank, 0});
+      connection->sayLastWord({timedOut ? kTimedOut : kFailed, failedRank});
     const Clock::time_point until = Clock::now() + kGiveUpWithin;
     auto inFlight = [&] {
       for (auto& connection : connections_)
