@@ -150,8 +150,10 @@ class UcxConnection final : public Connection {
   // by its keepalive, many seconds later. -1 when not watched.
   void watchProcess(pid_t pid);
   int pidFd() const { return pidFd_; }
-  // The watched process exited. Once its last words are in (the caller
-  // drained the worker first), a peer that did not close is a failure.
+  // The watched process exited: its connection is closed once its last
+  // words are in (the caller drained the worker first). What it sent is
+  // still read; an op that waits for more from it fails naming it, as for
+  // a peer whose socket closed, and one that no longer needs it finishes.
   void processExited();
 
   void sayHello();
@@ -279,7 +281,6 @@ class UcxConnection final : public Connection {
   int peerWaitsFor_ = -1;          // whom the peer last said it is stuck waiting for
   ucs_status_t trouble_ = UCS_OK;  // the first UCX error on this connection
   std::string failure_;
-  pid_t pid_ = 0;
   int pidFd_ = -1;
 };
 
