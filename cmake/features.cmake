@@ -3,8 +3,9 @@
 # BRAID_HAVE_<NAME>=0|1 definition that braid-info reports. CUDA builds
 # the CUDA device (src/device/cuda), UCX the ucx transport (transports/ucx:
 # UCX's headers at build time; libbraid loads libucp at run time, when a
-# communicator first takes ucx); the verbs transport is not in this release
-# yet.
+# communicator first takes ucx); IBVERBS the ibverbs transport
+# (transports/ibverbs: the headers at build time; libibverbs is loaded at run
+# time, and the transport also runs over the tests' fake fabric).
 set(BRAID_CUDA AUTO CACHE STRING "CUDA support: AUTO, ON or OFF")
 set(BRAID_UCX AUTO CACHE STRING "UCX transport: AUTO, ON or OFF")
 set(BRAID_IBVERBS AUTO CACHE STRING "InfiniBand verbs transport: AUTO, ON or OFF")
@@ -27,7 +28,8 @@ function(braid_resolve_feature opt found what)
       message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the ucx transport "
         "(libucp loaded at run time)")
     else()
-      message(STATUS "braid: ${opt}=${${opt}}: ${what} found (no code uses it yet)")
+      message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the ibverbs transport "
+        "(libibverbs loaded at run time)")
     endif()
   elseif(${opt} STREQUAL "ON")
     message(FATAL_ERROR "braid: ${opt}=ON but ${what} was not found")

@@ -128,6 +128,9 @@ int printOverview() {
     std::printf("memory:           host (no device: %s)\n",
                 braid::device::unavailableReason().c_str());
   std::printf("transports built: %s\n", join(braid::detail::builtTransports(), ", ").c_str());
+  const std::string verbs = braid::detail::ibverbsStatus();
+  std::printf("ibverbs:          %s\n",
+              verbs.empty() ? "usable (an active RDMA port)" : ("not used: " + verbs).c_str());
   std::printf("host identity:    %s\n", braid::bootstrap::localHostId().c_str());
   std::vector<Interface> found = interfaces();
   std::printf("network interfaces:%s\n", found.empty() ? " none found" : "");

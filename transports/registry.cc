@@ -17,9 +17,16 @@
 #if BRAID_HAVE_UCX
 #include "transports/ucx/ucx_transport.h"
 #endif
+#if BRAID_HAVE_IBVERBS
+#include "transports/ibverbs/ibverbs_transport.h"
+#endif
 
 namespace braid::transport {
 namespace {
+
+bool isNetwork(const std::string& name) {
+  return name == "tcp" || name == "ucx" || name == "ibverbs";
+}
 
 std::vector<std::string> splitList(const std::string& text) {
   std::vector<std::string> out;
@@ -38,8 +45,8 @@ std::vector<std::string> splitList(const std::string& text) {
 bool canReach(const std::string& name, const bootstrap::Bootstrap& bootstrap, int a, int b) {
   if (name == "shm")  // same host: same hostname, boot id and network namespace
     return bootstrap.table()[a].hostId == bootstrap.table()[b].hostId;
-  // tcp and ucx reach every peer that the bootstrap reached.
-  return name == "tcp" || name == "ucx";
+  // The network transports reach every peer that the bootstrap reached.
+  return isNetwork(name);
 }
 
 std::vector<std::string> preferenceOrder(const std::string& preference) {
@@ -78,8 +85,7 @@ bool anyPairTakes(const std::vector<std::string>& order, const bootstrap::Bootst
 bool deviceOverTcp(const std::vector<std::string>& order, const bootstrap::Bootstrap& bootstrap,
                    int a, int b) {
   if (a == b) return false;
-  const std::string name = chosen(order, bootstrap, a, b);
-  return name == "tcp" || name == "ucx";
+  return isNetwork(chosen(order, bootstrap, a, b));
 }
 
 // This rank's device connections from two transports, each serving some
@@ -159,6 +165,103 @@ bool hasRdmaDevice(const std::string& sysfs) {
 }
 #endif
 
+// BRAID_UCX or BRAID_IBVERBS as the communicator resolved it, checked to
+// be the same on every rank (each must take the same way). Collective.
+TransportUse agreedUse(const Setup& setup, std::optional<TransportUse> resolved, const char* knob) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const TransportUse use = resolved ? *resolved : parseTransportUse(knobText(knob), knob);
+  std::vector<uint8_t> uses(static_cast<size_t>(bootstrap.size()));
+  uses[static_cast<size_t>(bootstrap.rank())] = static_cast<uint8_t>(use);
+  bootstrap.allGather(uses.data(), 1, setup.deadline);
+  for (int r = 1; r < bootstrap.size(); ++r)
+    if (uses[static_cast<size_t>(r)] != uses[0])
+      fail(ErrorCode::InvalidArgument, bootstrap.rank(),
+           format("%s is %s on rank 0 and %s on rank %d: every rank must set it alike", knob,
+                  transportUseName(static_cast<TransportUse>(uses[0])),
+                  transportUseName(static_cast<TransportUse>(uses[static_cast<size_t>(r)])), r));
+  return use;
+}
+
+#if BRAID_HAVE_IBVERBS
+// The ibverbs knobs, checked (Error(InvalidArgument) naming a bad one).
+ibverbs::Options ibverbsOptions() {
+  ibverbs::Options options;
+  options.hca = knobText("BRAID_IB_HCA");
+  options.gidIndex =
+      static_cast<int>(parseInt(knobText("BRAID_IB_GID_INDEX"), "BRAID_IB_GID_INDEX"));
+  options.timeout = static_cast<int>(parseInt(knobText("BRAID_IB_TIMEOUT"), "BRAID_IB_TIMEOUT"));
+  options.retryCount =
+      static_cast<int>(parseInt(knobText("BRAID_IB_RETRY_CNT"), "BRAID_IB_RETRY_CNT"));
+  options.qpsPerConnection = static_cast<int>(
+      parseInt(knobText("BRAID_IB_QPS_PER_CONNECTION"), "BRAID_IB_QPS_PER_CONNECTION"));
+  options.sysfs = knobText("BRAID_SYSFS");
+  options.fake = knobText("BRAID_IB_FAKE");
+  options.fakeFault = knobText("BRAID_IB_FAKE_FAULT");
+  ibverbs::validate(options);
+  return options;
+}
+#endif
+
+// The automatic choice between hosts, collective over the communicator:
+// ibverbs where built and BRAID_IBVERBS allows it, if every rank has an
+// active RDMA port and it starts on every rank; nullptr means the next
+// choice (ucx, then tcp). `peers` are this rank's peers on other hosts.
+std::unique_ptr<Transport> ibverbsAcrossHosts(const Setup& setup, const std::vector<int>& peers) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const int rank = bootstrap.rank();
+  const TransportUse use = agreedUse(setup, setup.ibverbs, "BRAID_IBVERBS");
+  if (use == TransportUse::Off) return nullptr;
+#if BRAID_HAVE_IBVERBS
+  const ibverbs::Options options = ibverbsOptions();
+  const std::string why = ibverbs::probe(options);
+  std::vector<uint8_t> usable(static_cast<size_t>(bootstrap.size()));
+  usable[static_cast<size_t>(rank)] = why.empty() ? 1 : 0;
+  bootstrap.allGather(usable.data(), 1, setup.deadline);
+  for (int r = 0; r < bootstrap.size(); ++r)
+    if (!usable[static_cast<size_t>(r)]) {
+      if (r == rank) BRAID_INFO(Init, "ibverbs is not used: %s", why.c_str());
+      if (use == TransportUse::On)
+        fail(ErrorCode::SystemError, rank,
+             r == rank ? format("BRAID_IBVERBS is ON, and %s", why.c_str())
+                       : format("BRAID_IBVERBS is ON, and rank %d has no usable RDMA port", r));
+      return nullptr;
+    }
+  std::string whyNot;
+  std::unique_ptr<Transport> created = ibverbs::create(
+      bootstrap, peers, setup.slotBytes, setup.slots, options, setup.deadline, &whyNot);
+  if (created) return created;
+  if (use == TransportUse::On)
+    fail(ErrorCode::SystemError, rank, format("BRAID_IBVERBS is ON, and %s", whyNot.c_str()));
+  BRAID_INFO(Init, "ibverbs cannot carry this communicator (%s)", whyNot.c_str());
+  return nullptr;
+#else
+  (void)peers;
+  if (use == TransportUse::On)
+    fail(ErrorCode::SystemError, rank,
+         "BRAID_IBVERBS is ON, and this library was built without ibverbs (BRAID_IBVERBS=OFF at "
+         "build, or no libibverbs-dev)");
+  return nullptr;
+#endif
+}
+
+// ibverbs where BRAID_TRANSPORT names it: failing to start it is an error,
+// on every rank alike.
+std::unique_ptr<Transport> ibverbsAsked(const Setup& setup, const std::vector<int>& peers) {
+#if BRAID_HAVE_IBVERBS
+  std::string whyNot;
+  std::unique_ptr<Transport> created =
+      ibverbs::create(setup.bootstrap, peers, setup.slotBytes, setup.slots, ibverbsOptions(),
+                      setup.deadline, &whyNot);
+  if (!created)
+    fail(ErrorCode::SystemError, setup.bootstrap.rank(),
+         format("BRAID_TRANSPORT names ibverbs, and %s", whyNot.c_str()));
+  return created;
+#else
+  (void)setup, (void)peers;
+  return nullptr;  // (wireUp refuses an unbuilt transport first)
+#endif
+}
+
 // The automatic choice between hosts, collective over the communicator:
 // ucx where built and BRAID_UCX allows it (under AUTO: where every rank has
 // an RDMA device), if UCX starts on every rank; nullptr means tcp. `peers`
@@ -166,22 +269,12 @@ bool hasRdmaDevice(const std::string& sysfs) {
 std::unique_ptr<Transport> ucxAcrossHosts(const Setup& setup, const std::vector<int>& peers) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
   const int rank = bootstrap.rank();
-  const UcxUse use = setup.ucx ? *setup.ucx : parseUcxUse(knobText("BRAID_UCX"));
-  // Every rank must take the same way: compare the knob first.
-  std::vector<uint8_t> uses(static_cast<size_t>(bootstrap.size()));
-  uses[static_cast<size_t>(rank)] = static_cast<uint8_t>(use);
-  bootstrap.allGather(uses.data(), 1, setup.deadline);
-  for (int r = 1; r < bootstrap.size(); ++r)
-    if (uses[static_cast<size_t>(r)] != uses[0])
-      fail(ErrorCode::InvalidArgument, rank,
-           format("BRAID_UCX is %s on rank 0 and %s on rank %d: every rank must set it alike",
-                  ucxUseName(static_cast<UcxUse>(uses[0])),
-                  ucxUseName(static_cast<UcxUse>(uses[static_cast<size_t>(r)])), r));
-  if (use == UcxUse::Off) return nullptr;
+  const TransportUse use = agreedUse(setup, setup.ucx, "BRAID_UCX");
+  if (use == TransportUse::Off) return nullptr;
 #if BRAID_HAVE_UCX
   // AUTO takes ucx only over RDMA, on every rank: over plain TCP, UCX's tcp
   // measured slower than braid's own (README, "Performance across hosts").
-  if (use == UcxUse::Auto) {
+  if (use == TransportUse::Auto) {
     std::vector<uint8_t> rdma(static_cast<size_t>(bootstrap.size()));
     rdma[static_cast<size_t>(rank)] = hasRdmaDevice(knobText("BRAID_SYSFS")) ? 1 : 0;
     bootstrap.allGather(rdma.data(), 1, setup.deadline);
@@ -198,14 +291,14 @@ std::unique_ptr<Transport> ucxAcrossHosts(const Setup& setup, const std::vector<
   std::unique_ptr<Transport> created =
       ucx::create(bootstrap, peers, setup.slotBytes, setup.slots, setup.deadline, &whyNot);
   if (created) return created;
-  if (use == UcxUse::On)
+  if (use == TransportUse::On)
     fail(ErrorCode::SystemError, rank, format("BRAID_UCX is ON, and %s", whyNot.c_str()));
   BRAID_INFO(Init, "ranks on different hosts use tcp: ucx cannot carry this communicator (%s)",
              whyNot.c_str());
   return nullptr;
 #else
   (void)peers;
-  if (use == UcxUse::On)
+  if (use == TransportUse::On)
     fail(ErrorCode::SystemError, rank,
          "BRAID_UCX is ON, and this library was built without UCX (BRAID_UCX=OFF at build, or "
          "no libucx-dev)");
@@ -233,10 +326,22 @@ std::unique_ptr<Transport> ucxAsked(const Setup& setup, const std::vector<int>& 
 }  // namespace
 
 std::vector<std::string> builtTransports() {
-#if BRAID_HAVE_UCX
-  return {"self", "shm", "tcp", "ucx"};
+  std::vector<std::string> built = {"self", "shm", "tcp"};
+  if (BRAID_HAVE_UCX) built.push_back("ucx");
+  if (BRAID_HAVE_IBVERBS) built.push_back("ibverbs");
+  return built;
+}
+
+std::string ibverbsStatus() {
+#if BRAID_HAVE_IBVERBS
+  try {
+    const std::string why = ibverbs::probe(ibverbsOptions());
+    return why.empty() ? "" : why;
+  } catch (const Error& error) {
+    return error.what();
+  }
 #else
-  return {"self", "shm", "tcp"};
+  return "not built (BRAID_IBVERBS=OFF at build, or no libibverbs-dev)";
 #endif
 }
 
@@ -279,14 +384,20 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
   // ucx only where some pair takes it (its set-up costs a worker per rank).
   for (size_t i = 0; i < order.size(); ++i) {
     std::unique_ptr<Transport> created;
-    if (order[i] == "tcp" && automatic && anyPairTakes(order, bootstrap, "tcp"))
-      created = ucxAcrossHosts(setup, peersOf[i]);
+    if (order[i] == "tcp" && automatic && anyPairTakes(order, bootstrap, "tcp")) {
+      created = ibverbsAcrossHosts(setup, peersOf[i]);
+      if (!created) created = ucxAcrossHosts(setup, peersOf[i]);
+    }
     if (order[i] == "tcp" && !created)
       created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.sockets,
                             setup.deadline);
     if (order[i] == "ucx") {
       if (!anyPairTakes(order, bootstrap, "ucx")) continue;
       created = ucxAsked(setup, peersOf[i]);
+    }
+    if (order[i] == "ibverbs") {
+      if (!anyPairTakes(order, bootstrap, "ibverbs")) continue;
+      created = ibverbsAsked(setup, peersOf[i]);
     }
     if (order[i] == "shm")
       created = shm::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.deadline);

@@ -22,7 +22,8 @@ struct Setup {
   net::Deadline deadline;
   // BRAID_UCX as the communicator resolved it (Knobs::ucx); unset: wireUp()
   // resolves the knob itself, at the communicator's creation all the same.
-  std::optional<UcxUse> ucx = std::nullopt;
+  std::optional<TransportUse> ucx = std::nullopt;
+  std::optional<TransportUse> ibverbs = std::nullopt;  // BRAID_IBVERBS, likewise
   int sockets = 1;  // per tcp connection (BRAID_NSOCKS_PERTHREAD)
 };
 
@@ -44,6 +45,11 @@ struct Wiring {
 Wiring wireUp(const Setup& setup, const std::string& preference);
 
 std::vector<std::string> builtTransports();
+
+// Whether this process could use the ibverbs transport: "" when it could,
+// else why not (not built, no library, no device, no active port), for
+// braid-info.
+std::string ibverbsStatus();
 
 // Collective over the communicator: device connections to every peer, on
 // `deviceIndex` of `device`, with the FIFO shape of BRAID_DEVICE_SLOT_BYTES

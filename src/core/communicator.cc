@@ -298,6 +298,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   transport::Setup setup{*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)};
   setup.sockets = knobs.sockets;
   setup.ucx = knobs.ucx;
+  setup.ibverbs = knobs.ibverbs;
   wiring = transport::wireUp(setup, knobs.transports);
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
@@ -1017,6 +1018,7 @@ std::vector<std::string> peerDevicePaths(const Communicator& comm) {
 }
 
 std::vector<std::string> builtTransports() { return transport::builtTransports(); }
+std::string ibverbsStatus() { return transport::ibverbsStatus(); }
 
 std::string lastAlgorithm(const Communicator& comm) {
   return comm.impl() ? algo::algorithmName(comm.impl()->plans.lastAlgorithm()) : "";

@@ -21,6 +21,8 @@ std::vector<std::string> peerDevicePaths(const Communicator& comm);
 
 // Transports compiled into this library, e.g. {"self", "tcp"}.
 std::vector<std::string> builtTransports();
+// "" when this process could use the ibverbs transport, else why not.
+std::string ibverbsStatus();
 
 // How many pieces this rank has sent as references to its memAlloc memory
 // (read in place by the peer) rather than as copies.

@@ -21,7 +21,8 @@ const std::vector<KnobInfo>& knobTable() {
        "waits a quarter more (at most 1 s) for a peer to say whom it blames",
        nullptr},
       {"BRAID_TRANSPORT", "list", "",
-       "ordered transports to use: shm, tcp, ucx (where built), e.g. \"tcp\" or \"shm,ucx\"; "
+       "ordered transports to use: shm, tcp, ucx, ibverbs (where built), e.g. \"tcp\" or "
+       "\"shm,ibverbs\"; "
        "empty picks the best per peer",
        nullptr},
       {"BRAID_SOCKET_IFNAME", "string", "",
@@ -35,6 +36,33 @@ const std::vector<KnobInfo>& knobTable() {
        nullptr},
       {"BRAID_SYSFS", "string", "/sys",
        "where braid looks for devices (class/infiniband); tests point it at recorded samples",
+       nullptr},
+      {"BRAID_IBVERBS", "string", "AUTO",
+       "AUTO: ranks on different hosts use ibverbs where it is built and every rank has an "
+       "active RDMA port, else ucx or tcp; ON: ibverbs between hosts, failing to start it is an "
+       "error; OFF: never chosen automatically (BRAID_TRANSPORT=ibverbs still selects it)",
+       nullptr},
+      {"BRAID_IB_HCA", "string", "",
+       "RDMA devices and ports to use, NCCL's syntax: mlx5 (prefix), =mlx5_1 (exact), "
+       "^mlx5_0 (all but), mlx5_0:1 (a port); empty: every active port, the first serving",
+       "NCCL_IB_HCA"},
+      {"BRAID_IB_GID_INDEX", "int", "-1",
+       "GID index of a RoCE port; -1 takes a RoCE v2 GID from sysfs, IPv4-mapped first",
+       "NCCL_IB_GID_INDEX"},
+      {"BRAID_IB_TIMEOUT", "int", "20", "RC QP ACK timeout, 4.096 us x 2^value (1 to 31)",
+       "NCCL_IB_TIMEOUT"},
+      {"BRAID_IB_RETRY_CNT", "int", "7", "RC QP retries before a send fails (0 to 7)",
+       "NCCL_IB_RETRY_CNT"},
+      {"BRAID_IB_QPS_PER_CONNECTION", "int", "1",
+       "QPs per connection (1 to 16); messages of 128 KiB and more are striped over them",
+       "NCCL_IB_QPS_PER_CONNECTION"},
+      {"BRAID_IB_FAKE", "string", "",
+       "tests: the name of a fake fabric (shared memory) that the ibverbs transport runs over "
+       "instead of libibverbs; every rank of a job names the same one",
+       nullptr},
+      {"BRAID_IB_FAKE_FAULT", "string", "",
+       "tests: a fault the fake fabric injects: retry@N, rkey@N or flush@N (the N-th send "
+       "work request of this process)",
        nullptr},
       {"BRAID_CHUNK_BYTES", "bytes", "1M",
        "pipeline chunk of a collective step (at most half a connection's FIFO)", nullptr},
@@ -110,23 +138,23 @@ const char* tuningName(Tuning tuning) {
   return "?";
 }
 
-const char* ucxUseName(UcxUse use) {
+const char* transportUseName(TransportUse use) {
   switch (use) {
-    case UcxUse::Auto:
+    case TransportUse::Auto:
       return "AUTO";
-    case UcxUse::On:
+    case TransportUse::On:
       return "ON";
-    case UcxUse::Off:
+    case TransportUse::Off:
       return "OFF";
   }
   return "?";
 }
 
-UcxUse parseUcxUse(const std::string& text) {
-  for (UcxUse use : {UcxUse::Auto, UcxUse::On, UcxUse::Off})
-    if (strcasecmp(text.c_str(), ucxUseName(use)) == 0) return use;
+TransportUse parseTransportUse(const std::string& text, const char* knob) {
+  for (TransportUse use : {TransportUse::Auto, TransportUse::On, TransportUse::Off})
+    if (strcasecmp(text.c_str(), transportUseName(use)) == 0) return use;
   throw Error(ErrorCode::InvalidArgument,
-              format("braid: BRAID_UCX: '%s' is not AUTO, ON or OFF", text.c_str()));
+              format("braid: %s: '%s' is not AUTO, ON or OFF", knob, text.c_str()));
 }
 
 std::string getEnv(const char* name) {
@@ -316,7 +344,8 @@ Knobs Knobs::resolve(const Config& config) {
                 format("braid: BRAID_DEVICE_SLOT_BYTES x BRAID_DEVICE_SLOTS is %zu bytes; a "
                        "device FIFO needs at least 128K",
                        knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots)));
-  knobs.ucx = parseUcxUse(lookup(knob("BRAID_UCX")).first);
+  knobs.ucx = parseTransportUse(lookup(knob("BRAID_UCX")).first, "BRAID_UCX");
+  knobs.ibverbs = parseTransportUse(lookup(knob("BRAID_IBVERBS")).first, "BRAID_IBVERBS");
   knobs.deviceChunkBytes = knobs.deviceSlotBytes * static_cast<size_t>(knobs.deviceSlots) / 2;
   // A ring step never holds more than half a FIFO, so every rank can always
   // post its next piece and no ring can deadlock.

@@ -38,16 +38,17 @@ enum class Tuning : uint8_t {
 };
 const char* tuningName(Tuning tuning);
 
-// Whether the automatic transport choice may take UCX across hosts (BRAID_UCX).
-enum class UcxUse : uint8_t {
-  Auto,  // where built and it starts on every rank; otherwise tcp
+// Whether the automatic transport choice may take a network transport
+// (ucx: BRAID_UCX, ibverbs: BRAID_IBVERBS) across hosts.
+enum class TransportUse : uint8_t {
+  Auto,  // where built and it starts on every rank; otherwise the next one
   On,    // where built; failing to start it is an error
-  Off,   // never chosen automatically (BRAID_TRANSPORT=ucx still selects it)
+  Off,   // never chosen automatically (BRAID_TRANSPORT naming it still selects it)
 };
-const char* ucxUseName(UcxUse use);
+const char* transportUseName(TransportUse use);
 // "AUTO", "ON" or "OFF" (any case). Throws Error(InvalidArgument) naming
-// BRAID_UCX otherwise.
-UcxUse parseUcxUse(const std::string& text);
+// `knob` otherwise.
+TransportUse parseTransportUse(const std::string& text, const char* knob);
 
 // Effective values after Config, then the environment, then the defaults.
 // Throws Error(InvalidArgument) naming the knob when a value does not parse.
@@ -71,7 +72,8 @@ struct Knobs {
   int deviceSlots;           // slots per device FIFO
   bool deviceGraphs;         // BRAID_DEVICE_GRAPHS: set up the FIFOs of ops captured in graphs
   size_t deviceChunkBytes;   // pipeline chunk of a device plan's step: half a device FIFO
-  UcxUse ucx;                // BRAID_UCX
+  TransportUse ucx;          // BRAID_UCX
+  TransportUse ibverbs;      // BRAID_IBVERBS
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);

@@ -1,0 +1,56 @@
+// The ibverbs transport: RC queue pairs over InfiniBand or RoCE, driven
+// through the VerbsBackend seam (verbs_backend.h): libibverbs, loaded at
+// run time, or the fake fabric the tests run it over. The FIFO protocol is
+// in ibverbs_connection.h: RDMA WRITE_WITH_IMM into the peer's slots,
+// credit returned in immediates, only every k-th WR signaled, several QPs
+// per connection striping large messages (BRAID_IB_QPS_PER_CONNECTION).
+// Each peer also has a tcp connection that carries the set-up exchange
+// and, afterwards, liveness and the side-channel words (the tcp
+// transport's, reused).
+//
+// Devices: every device and active port BRAID_IB_HCA admits (NCCL's
+// syntax); the first is used. RoCE takes a RoCE v2 GID from sysfs
+// (BRAID_SYSFS) unless BRAID_IB_GID_INDEX says; the MTU is the smaller of
+// both ends'; BRAID_IB_TIMEOUT and BRAID_IB_RETRY_CNT go to RTS.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "transports/transport.h"
+
+namespace braid::transport::ibverbs {
+
+// The knobs, as read at the communicator's creation.
+struct Options {
+  std::string hca;           // BRAID_IB_HCA; empty: every device
+  int gidIndex = -1;         // BRAID_IB_GID_INDEX; -1: chosen from sysfs
+  int timeout = 20;          // BRAID_IB_TIMEOUT
+  int retryCount = 7;        // BRAID_IB_RETRY_CNT
+  int qpsPerConnection = 1;  // BRAID_IB_QPS_PER_CONNECTION
+  std::string sysfs = "/sys";
+  std::string fake;       // BRAID_IB_FAKE: the fake fabric's name; empty: libibverbs
+  std::string fakeFault;  // BRAID_IB_FAKE_FAULT
+};
+
+// Checks the knobs' ranges; throws Error(InvalidArgument) naming a bad one.
+void validate(const Options& options);
+
+// Whether this rank could use verbs: "" when a device and an active port
+// are there, else why not ("cannot load libibverbs.so.1 (...)", "no RDMA
+// device", "mlx5_0 port 1 is down"). Opens nothing that outlives the call.
+std::string probe(const Options& options);
+
+// Collective over every rank of `bootstrap` (each calls it, also one that
+// serves no peer over verbs): opens the device, sets up a connection to
+// each of `peers` (every peer listed must list this rank too) and connects
+// their QPs. Returns nullptr, with `*whyNot` naming the rank that could not
+// and why (the same on every rank), so that all ranks can fall back
+// together. Throws Error(Timeout) past `deadline`.
+std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
+                                  size_t slotBytes, int slots, const Options& options,
+                                  net::Deadline deadline, std::string* whyNot);
+
+}  // namespace braid::transport::ibverbs
