@@ -101,7 +101,7 @@ void IbConnection::connect(const EndpointInfo& remote, const PathOptions& path) 
   if (remote.qpNums.size() != qps_.size() || remote.slots != slots_ ||
       remote.slotBytes != slotBytes_)
     braid::fail(
-        ErrorCode::RemoteError, rank_,
+        ErrorCode::InvalidArgument, rank_,
         format("peer %d's verbs end has %zu QPs and %u slots of %u bytes, this rank's %zu of "
                "%zu bytes: every rank must set BRAID_IB_QPS_PER_CONNECTION, BRAID_SLOTS and "
                "BRAID_SLOT_BYTES alike",

@@ -314,7 +314,8 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
     bootstrap::agree(bootstrap, deadline, "ibverbs", "connect its QPs",
                      [&] { transport->connect(bootstrap, peers, deadline); });
   } catch (const Error& error) {
-    if (error.code() == ErrorCode::Timeout) throw;
+    // A bad knob, or knobs ranks set differently, is the user's to fix.
+    if (error.code() == ErrorCode::Timeout || error.code() == ErrorCode::InvalidArgument) throw;
     *whyNot = error.what();
     return nullptr;
   }

@@ -48,7 +48,8 @@ std::string probe(const Options& options);
 // each of `peers` (every peer listed must list this rank too) and connects
 // their QPs. Returns nullptr, with `*whyNot` naming the rank that could not
 // and why (the same on every rank), so that all ranks can fall back
-// together. Throws Error(Timeout) past `deadline`.
+// together. Throws Error(Timeout) past `deadline`, and Error(InvalidArgument)
+// for a bad knob or one that ranks set differently.
 std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
                                   size_t slotBytes, int slots, const Options& options,
                                   net::Deadline deadline, std::string* whyNot);

@@ -1,0 +1,262 @@
+// The ibverbs transport's protocol engine over the fake fabric
+// (BRAID_IB_FAKE): faults the fabric injects, messages striped over several
+// QPs, knobs that ranks must set alike or within range, and the automatic
+// choice between namespace hosts. (The collectives and communicator suites
+// run over it too: ibverbs.* in tests/CMakeLists.txt.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "braid/communicator.h"
+#include "braid/error.h"
+#include "core/errors.h"
+#include "core/introspect.h"
+#include "multirank.h"
+#include "netns_hosts.h"
+
+namespace braid::testing {
+namespace {
+
+using std::chrono::steady_clock;
+
+// A fabric of this test process's own, so parallel test processes never
+// meet.
+std::string fabric() { return "ibtest" + std::to_string(::getpid()); }
+
+// Every rank on ibverbs over the fake fabric, with `knobs` set in its
+// process before it starts (a rank's own: set(rank) returns them).
+RunOptions overFakeFabric(
+    std::function<std::vector<std::pair<std::string, std::string>>(int)> set = nullptr) {
+  RunOptions options;
+  options.config.transports = "ibverbs";
+  const std::string name = fabric();
+  options.enter = [name, set](int rank) {
+    ::setenv("BRAID_IB_FAKE", name.c_str(), 1);
+    if (set)
+      for (const auto& [knob, value] : set(rank)) ::setenv(knob.c_str(), value.c_str(), 1);
+  };
+  return options;
+}
+
+void requireError(const std::function<void()>& call, ErrorCode code, const std::string& needle) {
+  try {
+    call();
+  } catch (const Error& error) {
+    require(error.code() == code, std::string("wrong error code: ") + error.what());
+    require(std::string(error.what()).find(needle) != std::string::npos,
+            "the error does not say '" + needle + "': " + error.what());
+    return;
+  }
+  require(false, "no error; expected one saying '" + needle + "'");
+}
+
+TEST(Ibverbs, EveryPairUsesIbverbsAndAllReduceIsExactAt3Ranks) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const std::vector<std::string> names = detail::peerTransports(comm);
+        for (int p = 0; p < comm.size(); ++p)
+          require(names[p] == (p == comm.rank() ? "self" : "ibverbs"),
+                  "rank " + std::to_string(p) + " is reached over " + names[p]);
+        std::vector<int64_t> in(1 << 18), out(1 << 18);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (comm.rank() + 1);
+        comm.allReduce(in.data(), out.data(), in.size(), DataType::Int64, ReduceOp::Sum);
+        for (size_t i = 0; i < out.size(); ++i)
+          require(out[i] == static_cast<int64_t>(i) * 6, "wrong sum at " + std::to_string(i));
+      },
+      overFakeFabric());
+}
+
+// Four QPs per connection: messages from 128 KiB up go in parts over
+// several of them, whose receive completions arrive in any order.
+TEST(Ibverbs, MessagesStripedOverFourQpsArriveIntact) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const int r = comm.rank(), n = comm.size();
+        std::vector<float> in(size_t{8} << 20 >> 2), out(in.size());
+        for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((i % 1000) + r);
+        comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+        for (size_t i = 0; i < out.size(); ++i)
+          require(out[i] == static_cast<float>(3 * (i % 1000) + 3), "wrong all-reduce");
+        // Odd lengths around the part boundaries, to the next rank.
+        for (size_t bytes : {size_t{1}, size_t{131071}, size_t{131072}, size_t{262143},
+                             size_t{262144}, size_t{1} << 20}) {
+          std::vector<uint8_t> mine(bytes), theirs(bytes, 0);
+          for (size_t i = 0; i < bytes; ++i) mine[i] = static_cast<uint8_t>(i * 7 + r);
+          comm.groupStart();
+          comm.send(mine.data(), bytes, DataType::Uint8, (r + 1) % n);
+          comm.recv(theirs.data(), bytes, DataType::Uint8, (r + n - 1) % n);
+          comm.groupEnd();
+          const int from = (r + n - 1) % n;
+          for (size_t i = 0; i < bytes; ++i)
+            require(theirs[i] == static_cast<uint8_t>(i * 7 + from),
+                    "byte " + std::to_string(i) + " of " + std::to_string(bytes));
+        }
+      },
+      overFakeFabric([](int) {
+        return std::vector<std::pair<std::string, std::string>>{
+            {"BRAID_IB_QPS_PER_CONNECTION", "4"}};
+      }));
+}
+
+// A fault the fabric injects into rank 1's QPs mid-loop: rank 1 fails
+// naming the peer and the work completion status, and every rank fails
+// within 2 s of the first, none hanging.
+TEST(Ibverbs, InjectedFaultsFailEveryRankNamingThePeerWithinTwoSeconds) {
+  constexpr int kRanks = 3;
+  struct Failures {
+    std::atomic<int64_t> at[kRanks];
+  };
+  SharedWithRanks<Failures> failures;
+  Failures* shared = failures.operator->();
+  const std::pair<const char*, const char*> faults[] = {
+      {"retry@3000", "IBV_WC_RETRY_EXC_ERR"},
+      {"rkey@3000", "IBV_WC_REM_ACCESS_ERR"},
+      {"flush@3000", "IBV_WC_WR_FLUSH_ERR"},
+  };
+  for (const auto& [fault, status] : faults) {
+    for (auto& at : shared->at) at.store(0);
+    RunOptions options = overFakeFabric([fault = std::string(fault)](int rank) {
+      std::vector<std::pair<std::string, std::string>> knobs;
+      if (rank == 1) knobs.push_back({"BRAID_IB_FAKE_FAULT", fault});
+      return knobs;
+    });
+    options.deadline = std::chrono::seconds(60);
+    runRanks(
+        kRanks,
+        [&, status = std::string(status)](Communicator& comm) {
+          std::vector<float> buf(1 << 14, 1.0f);
+          try {
+            for (int i = 0; i < 100000; ++i)
+              comm.allReduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+            require(false, "100000 all-reduces ran past the fault");
+          } catch (const Error& error) {
+            shared->at[comm.rank()].store(steady_clock::now().time_since_epoch().count());
+            const std::string what = error.what();
+            require(error.code() == ErrorCode::RemoteError || error.code() == ErrorCode::Timeout,
+                    "wrong error: " + what);
+            if (comm.rank() == 1) {
+              require(what.find(status) != std::string::npos,
+                      "rank 1 does not say " + status + ": " + what);
+              require(what.find("peer ") != std::string::npos, "no peer named: " + what);
+            }
+          }
+        },
+        options);
+    int64_t first = INT64_MAX, last = 0;
+    for (auto& at : shared->at) {
+      ASSERT_NE(at.load(), 0) << fault << ": a rank never failed";
+      first = std::min(first, at.load());
+      last = std::max(last, at.load());
+    }
+    EXPECT_LT(std::chrono::nanoseconds(last - first), std::chrono::seconds(2)) << fault;
+  }
+}
+
+TEST(Ibverbs, RanksWithDifferentQpCountsAreRejectedNamingTheKnob) {
+  RunOptions options = overFakeFabric([](int rank) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"BRAID_IB_QPS_PER_CONNECTION", rank == 0 ? "2" : "1"}};
+  });
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config& config) {
+        requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::InvalidArgument,
+                     "BRAID_IB_QPS_PER_CONNECTION");
+      },
+      options);
+}
+
+TEST(Ibverbs, AKnobOutOfRangeIsRejectedNamingIt) {
+  for (const auto& [knob, value] :
+       std::vector<std::pair<std::string, std::string>>{{"BRAID_IB_TIMEOUT", "32"},
+                                                        {"BRAID_IB_RETRY_CNT", "8"},
+                                                        {"BRAID_IB_QPS_PER_CONNECTION", "17"},
+                                                        {"BRAID_IB_HCA", "=mlx5_0,"},
+                                                        {"BRAID_IB_FAKE_FAULT", "sometimes"}}) {
+    RunOptions options = overFakeFabric([knob = knob, value = value](int) {
+      return std::vector<std::pair<std::string, std::string>>{{knob, value}};
+    });
+    runProcesses(
+        2,
+        [knob = knob](int rank, const UniqueId& id, const Config& config) {
+          requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::InvalidArgument,
+                       knob);
+        },
+        options);
+  }
+}
+
+// Without a device (no fake fabric, and this machine has none), naming
+// ibverbs is an error that says why, on every rank.
+TEST(Ibverbs, NamingIbverbsWithoutADeviceFailsSayingWhy) {
+  if (detail::ibverbsStatus().empty()) GTEST_SKIP() << "this machine has an RDMA device";
+  RunOptions options;
+  options.config.transports = "ibverbs";
+  runProcesses(
+      2,
+      [](int rank, const UniqueId& id, const Config& config) {
+        requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::SystemError,
+                     "BRAID_TRANSPORT names ibverbs");
+      },
+      options);
+}
+
+// Between namespace hosts the automatic choice takes ibverbs where every
+// rank has an active port (here the fake fabric's), shm within a host; and
+// without one tcp, or an error under BRAID_IBVERBS=ON.
+TEST(Ibverbs, BetweenHostsAutoTakesIbverbsWhereEveryRankHasAPort) {
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  for (const char* mode : {"fake", "none", "on"}) {
+    RunOptions options;
+    options.idConfig = Config{};
+    options.idConfig->socketIfname = "eth0";
+    options.config.socketIfname = "";
+    options.config.timeout = std::chrono::seconds(30);
+    options.deadline = std::chrono::seconds(60);
+    const std::string name = fabric(), which = mode;
+    options.enter = [&hosts, name, which](int rank) {
+      hosts.enter(rank % 2);
+      if (which == "fake") ::setenv("BRAID_IB_FAKE", name.c_str(), 1);
+      if (which == "on") ::setenv("BRAID_IBVERBS", "ON", 1);
+    };
+    if (which == "on") {
+      runProcesses(
+          2,
+          [](int rank, const UniqueId& id, const Config& config) {
+            requireError([&] { Communicator::init(2, rank, id, config); }, ErrorCode::SystemError,
+                         "BRAID_IBVERBS is ON");
+          },
+          options);
+      continue;
+    }
+    runRanks(
+        4,
+        [which](Communicator& comm) {
+          const std::vector<std::string> names = detail::peerTransports(comm);
+          const std::string across = which == "fake" ? "ibverbs" : "tcp";
+          for (int p = 0; p < comm.size(); ++p) {
+            const char* want = p == comm.rank()           ? "self"
+                               : p % 2 == comm.rank() % 2 ? "shm"
+                                                          : across.c_str();
+            require(names[p] == want,
+                    format("rank %d is reached over %s, not %s", p, names[p].c_str(), want));
+          }
+          std::vector<int32_t> in(1 << 16, comm.rank() + 1), out(in.size());
+          comm.allReduce(in.data(), out.data(), in.size(), DataType::Int32, ReduceOp::Sum);
+          for (int32_t v : out) require(v == 10, "wrong all-reduce across hosts");
+        },
+        options);
+  }
+}
+
+}  // namespace
+}  // namespace braid::testing
