@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev  # the ucx transport (BRAID_UCX)
+  libibverbs-dev  # the ibverbs transport's headers (BRAID_IBVERBS; libibverbs is loaded at run time)
   iproute2 openmpi-bin  # namespace hosts (ip, tc), and mpirun in the launch check across them
   clang libclang-rt-14-dev  # clang and its libFuzzer runtime: scripts/fuzz.sh
   python3-torch libtorch-dev pybind11-dev python3-dev  # integrations/torch, for /usr/bin/python3

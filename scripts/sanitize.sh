@@ -10,7 +10,9 @@
 # test (its memory check would measure the sanitizer's allocator), the
 # install and command-line checks (packaging, no code path the rest lacks)
 # and the network-fault tests over tcp and ucx (they time fault detection
-# against the timeout, and wait out many timeouts). Left out under
+# against the timeout, and wait out many timeouts), and the ibverbs_fake.*
+# repeats of the collectives and communicator suites (the engine and the
+# fake fabric run under both in ibverbs.*). Left out under
 # AddressSanitizer, to keep CI short: the tcp.* repeats (tcp's code runs
 # under it in tcp4.*, the multi-host and the staged.* tests) and the
 # simulator at a thousand ranks and more (the same planners run at up to 64).
@@ -31,7 +33,7 @@ done
 [ ${#presets[@]} -gt 0 ] || presets=(asan tsan)
 
 for preset in "${presets[@]}"; do
-  exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^MultiHost\.NetworkFaults|^ucx\.UcxMultiHost\.NetworkFaults'
+  exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^MultiHost\.NetworkFaults|^ucx\.UcxMultiHost\.NetworkFaults|^ibverbs_fake\.'
   [ "$preset" = asan ] && exclude="$exclude|^tcp\.|^Plans\..*Thousand"
   [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^ucx\.PeerFailure\.|^ucx\.(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter)\."
   echo "sanitize: ${preset}: building"
