@@ -546,8 +546,6 @@ EndpointInfo endpoint(size_t qps) {
   }
   info.fifoAddress = 0x7f0012345000;
   info.fifoRkey = 0x11223344;
-  info.creditAddress = 0xffffffffffff0008;
-  info.creditRkey = 0x55667788;
   info.slots = 8;
   info.slotBytes = 1 << 20;
   return info;
@@ -592,25 +590,48 @@ TEST(IbWire, FieldsSitLittleEndianAtTheDocumentedOffsets) {
   EXPECT_EQ(at(10), 1u);          // useGid
   EXPECT_EQ(at(12 + 10), 0xffu);  // gid
   EXPECT_EQ(at(29), 0x10u);       // mtu 4096 = 0x1000
-  EXPECT_EQ(at(40), 0x44u);       // fifoRkey
-  EXPECT_EQ(at(64), 0x00u);       // qpNums[0] = 0x100
-  EXPECT_EQ(at(65), 0x01u);
-  EXPECT_EQ(at(72), 0x00u);  // psns[0] = 0xabc000
-  EXPECT_EQ(at(74), 0xabu);
+  EXPECT_EQ(at(32), 0x00u);       // fifoAddress = 0x7f0012345000
+  EXPECT_EQ(at(33), 0x50u);
+  EXPECT_EQ(at(37), 0x7fu);
+  EXPECT_EQ(at(40), 0x44u);  // fifoRkey
+  EXPECT_EQ(at(43), 0x11u);
+  EXPECT_EQ(at(44), 8u);     // slots
+  EXPECT_EQ(at(50), 0x10u);  // slotBytes 1 << 20 = 0x100000
+  EXPECT_EQ(at(52), 0x00u);  // qpNums[0] = 0x100
+  EXPECT_EQ(at(53), 0x01u);
+  EXPECT_EQ(at(56), 0x01u);  // qpNums[1] = 0x101
+  EXPECT_EQ(at(60), 0x00u);  // psns[0] = 0xabc000
+  EXPECT_EQ(at(62), 0xabu);
+  EXPECT_EQ(at(64), 0x01u);  // psns[1] = 0xabc001
+  EXPECT_EQ(bytes.size(), 68u);
 }
 
 TEST(IbWire, EveryTruncationIsRejectedNamingTheField) {
+  // The documented layout for 2 QPs: where each field starts, in order.
+  struct Field {
+    size_t offset;
+    const char* name;
+  };
+  const std::vector<Field> fields = {
+      {0, "magic"},      {4, "version"},    {6, "the QP count"},
+      {8, "lid"},        {10, "useGid"},    {11, "the reserved byte"},
+      {12, "gid"},       {28, "mtu"},       {32, "fifoAddress"},
+      {40, "fifoRkey"},  {44, "slots"},     {48, "slotBytes"},
+      {52, "qpNums[0]"}, {56, "qpNums[1]"}, {60, "psns[0]"},
+      {64, "psns[1]"},
+  };
   const std::vector<std::byte> bytes = encode(endpoint(2));
+  ASSERT_EQ(bytes.size(), 68u);
   for (size_t length = 0; length < bytes.size(); ++length) {
     SCOPED_TRACE(length);
-    expectError([&] { decode(bytes.data(), length); }, ErrorCode::RemoteError, "truncated at ");
+    size_t field = 0;
+    while (field + 1 < fields.size() && fields[field + 1].offset <= length) ++field;
+    const size_t end = field + 1 < fields.size() ? fields[field + 1].offset : bytes.size();
+    expectError([&] { decode(bytes.data(), length); }, ErrorCode::RemoteError,
+                std::string("truncated at ") + fields[field].name + " (the field needs " +
+                    std::to_string(end - fields[field].offset) + " bytes from offset " +
+                    std::to_string(fields[field].offset) + ")");
   }
-  expectError([&] { decode(bytes.data(), 0); }, ErrorCode::RemoteError, "truncated at magic");
-  expectError([&] { decode(bytes.data(), 5); }, ErrorCode::RemoteError, "truncated at version");
-  expectError([&] { decode(bytes.data(), 20); }, ErrorCode::RemoteError, "truncated at gid");
-  expectError([&] { decode(bytes.data(), 64); }, ErrorCode::RemoteError, "truncated at qpNums[0]");
-  expectError([&] { decode(bytes.data(), bytes.size() - 1); }, ErrorCode::RemoteError,
-              "truncated at psns[1]");
 }
 
 TEST(IbWire, WrongMagicIsRejected) { expectRefused(patched(endpoint(1), 0, 'X'), "wrong magic"); }
@@ -647,10 +668,10 @@ TEST(IbWire, MtuThatIsNotAPowerOfTwoIn256To4096IsRejected) {
 
 TEST(IbWire, FewerThanTwoSlotsOrEmptySlotsAreRejected) {
   std::vector<std::byte> bytes = encode(endpoint(1));
-  bytes[56] = std::byte{1};
+  bytes[44] = std::byte{1};
   expectRefused(bytes, "1 slots, fewer than 2");
   bytes = encode(endpoint(1));
-  for (int i = 0; i < 4; ++i) bytes[60 + i] = std::byte{0};
+  for (int i = 0; i < 4; ++i) bytes[48 + i] = std::byte{0};
   expectRefused(bytes, "slotBytes is 0");
 }
 

@@ -70,8 +70,7 @@ class Reader {
 bool EndpointInfo::operator==(const EndpointInfo& other) const {
   return lid == other.lid && gid == other.gid && useGid == other.useGid && mtu == other.mtu &&
          qpNums == other.qpNums && psns == other.psns && fifoAddress == other.fifoAddress &&
-         fifoRkey == other.fifoRkey && creditAddress == other.creditAddress &&
-         creditRkey == other.creditRkey && slots == other.slots && slotBytes == other.slotBytes;
+         fifoRkey == other.fifoRkey && slots == other.slots && slotBytes == other.slotBytes;
 }
 
 std::vector<std::byte> encode(const EndpointInfo& info) {
@@ -105,8 +104,6 @@ std::vector<std::byte> encode(const EndpointInfo& info) {
   out.put(info.mtu, 4);
   out.put(info.fifoAddress, 8);
   out.put(info.fifoRkey, 4);
-  out.put(info.creditRkey, 4);
-  out.put(info.creditAddress, 8);
   out.put(info.slots, 4);
   out.put(info.slotBytes, 4);
   for (uint32_t qpNum : info.qpNums) out.put(qpNum, 4);
@@ -140,8 +137,6 @@ EndpointInfo decode(const void* data, size_t bytes) {
   if (!validMtu(info.mtu)) in.fail(format("mtu %u, not 256, 512, 1024, 2048 or 4096", info.mtu));
   info.fifoAddress = in.get(8, "fifoAddress");
   info.fifoRkey = static_cast<uint32_t>(in.get(4, "fifoRkey"));
-  info.creditRkey = static_cast<uint32_t>(in.get(4, "creditRkey"));
-  info.creditAddress = in.get(8, "creditAddress");
   info.slots = static_cast<uint32_t>(in.get(4, "slots"));
   if (info.slots < 2) in.fail(format("%u slots, fewer than 2", info.slots));
   info.slotBytes = static_cast<uint32_t>(in.get(4, "slotBytes"));

@@ -1,8 +1,11 @@
 // The connection info one rank sends the other for one ibverbs connection,
 // through the bootstrap's out-of-band exchange: how to reach its QPs and
-// where its FIFO and credit word are. Internal to transports/ibverbs.
+// where its FIFO is. Internal to transports/ibverbs. Credit needs no
+// address: it travels in the immediate of a zero-byte RDMA WRITE_WITH_IMM
+// (ibverbs_connection.h).
 //
-// Layout, little-endian, with no padding (encodedSize(n) = 64 + 8n bytes):
+// Layout, little-endian, with no padding (encodedSize(n) = 52 + 8n bytes);
+// fifoAddress keeps its 8-byte alignment:
 //   0  u32  magic kWireMagic ("BRIB")
 //   4  u16  version (kWireVersion)
 //   6  u16  QP count n, 1..kWireMaxQps
@@ -13,11 +16,9 @@
 //  28  u32  mtu, bytes: 256, 512, 1024, 2048 or 4096
 //  32  u64  fifoAddress
 //  40  u32  fifoRkey
-//  44  u32  creditRkey
-//  48  u64  creditAddress
-//  56  u32  slots, >= 2
-//  60  u32  slotBytes, >= 1
-//  64  u32  qpNums[n]
+//  44  u32  slots, >= 2
+//  48  u32  slotBytes, >= 1
+//  52  u32  qpNums[n]
 //  ..  u32  psns[n]
 // The QP count is sent once, so qpNums and psns cannot disagree on the
 // wire; encode() refuses a struct where they do. Every byte is checked, so
@@ -47,10 +48,6 @@ struct EndpointInfo {
   // slots * slotBytes bytes at fifoAddress.
   uint64_t fifoAddress = 0;
   uint32_t fifoRkey = 0;
-  // The 8-byte word in this rank's memory where the peer writes how many of
-  // this rank's messages it has released.
-  uint64_t creditAddress = 0;
-  uint32_t creditRkey = 0;
   uint32_t slots = 0;
   uint32_t slotBytes = 0;
 
@@ -60,7 +57,7 @@ struct EndpointInfo {
 
 // The encoded size for `qps` QPs, so both ends can exchange fixed-size
 // records.
-constexpr size_t encodedSize(size_t qps) { return 64 + 8 * qps; }
+constexpr size_t encodedSize(size_t qps) { return 52 + 8 * qps; }
 
 // Throws Error(Internal) for a struct decode() would refuse (a braid bug:
 // the struct is this rank's own).
