@@ -14,8 +14,7 @@ size_t roundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
 IbConnection::IbConnection(Shared& shared, VerbsBackend& backend, ProtectionDomain* pd,
                            CompletionQueue* cq, Connection& control, int rank, int peer,
-                           size_t slotBytes, size_t slots, int qps, const PathOptions& path,
-                           int maxInline)
+                           size_t slotBytes, size_t slots, int qps, const PathOptions& path)
     : shared_(shared),
       backend_(backend),
       pd_(pd),
@@ -25,7 +24,6 @@ IbConnection::IbConnection(Shared& shared, VerbsBackend& backend, ProtectionDoma
       slotBytes_(slotBytes),
       slots_(slots),
       stride_(roundUp(slotBytes + sizeof(Trailer), 64)),
-      maxInline_(maxInline),
       signalEvery_(std::max<uint64_t>(1, slots / (2 * static_cast<size_t>(qps)))),
       creditEvery_(std::max<uint64_t>(1, slots / 2)),
       qps_(static_cast<size_t>(qps)),
@@ -39,17 +37,13 @@ IbConnection::IbConnection(Shared& shared, VerbsBackend& backend, ProtectionDoma
                                           kLocalWrite | kRemoteWrite, &recvKeys_);
     sendRegion_ =
         backend_.registerMemory(pd_, sendMemory_, stride_ * slots_, kLocalWrite, &sendKeys_);
-    // Per QP: a data part of each message in flight, credit, and the
-    // unsignaled WRs before a signaled one.
-    const int sendDepth = static_cast<int>(slots_ + signalEvery_) + kCreditReceives + 4;
     for (size_t i = 0; i < qps_.size(); ++i) {
       Qp& qp = qps_[i];
-      qp.sendDepth = sendDepth;
-      qp.receives = static_cast<int>(slots_) + (i == 0 ? kCreditReceives : 0);
+      qp.sendDepth = sendDepthFor(slots_, qps);
+      qp.receives = receivesFor(slots_, static_cast<int>(i));
       QpCaps caps;
-      caps.sendDepth = sendDepth;
+      caps.sendDepth = qp.sendDepth;
       caps.recvDepth = qp.receives;
-      caps.maxInline = maxInline_;
       qp.handle = backend_.createQp(pd_, cq, cq, caps, &qp.num);
       qp.psn = (qp.num * 2654435761u + static_cast<uint32_t>(rank_)) & 0xffffff;
       backend_.toInit(qp.handle, path);
@@ -61,6 +55,18 @@ IbConnection::IbConnection(Shared& shared, VerbsBackend& backend, ProtectionDoma
 }
 
 IbConnection::~IbConnection() { release(); }
+
+// A data part of each message in flight, the unsignaled WRs before a
+// signaled one, credit (which leaves one entry for data) and the flushing
+// write.
+int IbConnection::sendDepthFor(size_t slots, int qps) {
+  const size_t signalEvery = std::max<size_t>(1, slots / (2 * static_cast<size_t>(qps)));
+  return static_cast<int>(slots + signalEvery) + 8;
+}
+
+int IbConnection::receivesFor(size_t slots, int qp) {
+  return static_cast<int>(slots) + (qp == 0 ? static_cast<int>(slots) + kCreditSpare : 0);
+}
 
 void IbConnection::release() {
   destroyQps();
@@ -129,9 +135,13 @@ void IbConnection::connect(const EndpointInfo& remote, const PathOptions& path) 
 }
 
 std::byte* IbConnection::sendSlot(size_t) {
-  if (sendPosted_ - sendDone_ == slots_) return nullptr;
   // A closed peer reads nothing more: its messages are dropped as posted.
-  if (sendPosted_ - peerReleased_ >= slots_ && !peerClosed()) return nullptr;
+  if (peerClosed()) {
+    sendDone_ = sendPosted_;
+    return sendMemory_ + (sendPosted_ % slots_) * stride_;
+  }
+  if (sendPosted_ - sendDone_ == slots_) return nullptr;
+  if (sendPosted_ - peerReleased_ >= slots_) return nullptr;
   for (const Qp& qp : qps_)
     if (!hasRoom(qp)) return nullptr;
   return sendMemory_ + (sendPosted_ % slots_) * stride_;
@@ -193,13 +203,27 @@ void IbConnection::releaseRecv() {
   }
 }
 
+void IbConnection::creditAll() {
+  if (recvRead_ == advertised_) return;
+  creditPending_ = true;
+  postCredit();
+}
+
+bool IbConnection::flushed() const {
+  if (peerClosed() || !failure_.empty()) return true;
+  bool done = !creditPending_;
+  for (const Qp& qp : qps_) done &= qp.retired == qp.posted || qp.broken;
+  if (!done) flushWanted_ = true;
+  return done;
+}
+
 void IbConnection::postCredit() {
   Qp& qp = qps_[0];
-  if (!creditPending_ || !failure_.empty() || peerClosed() || !hasRoom(qp)) return;
+  // One entry stays free for data, which sendSlot() found room for.
+  if (!creditPending_ || !failure_.empty() || peerClosed() || !hasRoom(qp, 2)) return;
   SendRequest request;
   request.opcode = Opcode::WriteWithImm;
   request.bytes = 0;
-  request.inlineData = maxInline_ > 0;
   request.local = sendMemory_;
   request.lkey = sendKeys_.lkey;
   request.remoteAddr = remoteFifo_;
@@ -216,9 +240,9 @@ bool IbConnection::repost() {
   constexpr int kBatch = 16;
   RecvRequest requests[kBatch];
   for (Qp& qp : qps_) {
-    while (qp.reposts > 0 && failure_.empty()) {
+    while (qp.reposts > 0 && failure_.empty() && !qp.broken) {
       const int count = std::min(qp.reposts, kBatch);
-      for (int i = 0; i < count; ++i) requests[i].wrId = 0;
+      for (int i = 0; i < count; ++i) requests[i].wrId = kRecvWr;
       const int error = backend_.postRecv(qp.handle, requests, static_cast<size_t>(count));
       if (error != 0) {
         fail(format("posting receives on QP %u for peer %d failed: %s", qp.num, peer_,
@@ -233,14 +257,28 @@ bool IbConnection::repost() {
     postCredit();
     any |= !creditPending_;
   }
+  if (flushWanted_ && failure_.empty() && !peerClosed()) {
+    flushWanted_ = false;
+    for (Qp& qp : qps_)
+      if (qp.posted > qp.lastSignaled && hasRoom(qp)) {
+        SendRequest request;
+        request.opcode = Opcode::Write;
+        request.local = sendMemory_;
+        request.lkey = sendKeys_.lkey;
+        request.remoteAddr = remoteFifo_;
+        request.rkey = remoteRkey_;
+        any |= post(qp, request, true);
+      }
+  }
   return any;
 }
 
 void IbConnection::complete(int q, const Completion& completion) {
   ++shared_.activity;
   Qp& qp = qps_[static_cast<size_t>(q)];
+  const bool receive = (completion.wrId & kRecvWr) != 0;
   if (completion.status != WcStatus::Success) {
-    if (completion.opcode == Opcode::RecvWithImm) ++qp.reposts;  // (not posted again: failed)
+    qp.broken = true;  // in the error state: its receives are not posted again
     // After a peer said bye or gave up, its end going away is no failure.
     if (peerClosed()) return;
     const char* hint = wcStatusHint(completion.status);
@@ -248,7 +286,7 @@ void IbConnection::complete(int q, const Completion& completion) {
                 wcStatusName(completion.status), completion.vendorError, *hint ? ": " : "", hint));
     return;
   }
-  if (completion.opcode == Opcode::RecvWithImm) return received(q, completion);
+  if (receive) return received(q, completion);
   qp.retired = std::max(qp.retired, completion.wrId + 1);
   retireSends();
 }
@@ -288,6 +326,9 @@ void IbConnection::received(int q, const Completion& completion) {
                "of %zu slots: out of order",
                peer_, static_cast<unsigned long long>(number), parts,
                static_cast<unsigned long long>(recvRead_), slots_));
+  // A receive completion of an RDMA WRITE_WITH_IMM carries the bytes that
+  // write placed (byte_len), as RC devices report it; the trailer checks
+  // the sum.
   RecvSlot& slot = recvSlots_[number % slots_];
   if (slot.partsArrived == 0) slot.partsExpected = parts;
   if (slot.partsExpected != parts || slot.bytes + completion.bytes > stride_)

@@ -10,22 +10,28 @@
 //   (an RC QP places a write before the completion of its immediate).
 // - Credit: message n goes out only once the peer has released message
 //   n - slots, so its slot is free and a receive is posted for every
-//   immediate. The receiver returns credit every slots/2 releases in a
+//   immediate. The receiver returns credit every slots/2 releases, and
+//   whenever it is about to idle with releases it has not told, in a
 //   zero-byte RDMA WRITE_WITH_IMM whose immediate carries its release
 //   count (mod 2^31): the immediate wakes a sender asleep on its
-//   completion queue, and a sender's credit moves only with completions it
-//   polled, which bounds how many credit immediates can be outstanding
-//   (two), so the receives pre-posted for them never run out.
+//   completion queue. A sender's credit moves only with completions it
+//   polled, and each credit carries a release the sender has not seen, so
+//   at most `slots` credit immediates are outstanding.
 // - Receives: every QP keeps `slots` receives posted for data parts, and
-//   QP 0 kCreditReceives more for credit; each completion's receive is
-//   posted again in the same turn.
+//   QP 0 `slots` + kCreditSpare more for credit; each completion's receive
+//   is posted again in the same turn. A receive's wr_id says it is one
+//   (kRecvWr), because a failed completion carries no opcode.
 // - Signaling: only every k-th send WR of a QP asks for a completion
 //   (k = slots / (2 qps), at least 1). An unsignaled WR is known done when
 //   a later signaled one on its QP completes; a send slot is free once
 //   every part of its message is done. Within any `slots` messages each QP
 //   carries at least k WRs, so a full ring always holds a signaled one and
 //   a sender waiting for a slot never waits forever. Send queues are sized
-//   for that and never overrun.
+//   for that and never overrun; credit leaves one entry for data.
+// - Flushed: every WR completed, since a QP torn down drops what its
+//   device has not yet sent. Where unsignaled WRs trail the last signaled
+//   one, a signaled zero-byte RDMA WRITE (no immediate, so nothing at the
+//   peer) is posted behind them once the executor asks.
 // - Liveness and side-channel words (whom a rank waits for, that it gave
 //   up, bye) travel on a tcp connection per peer (`control`), which also
 //   carried the set-up exchange: an RC QP sees a dead peer only when a
@@ -62,9 +68,11 @@ constexpr uint32_t kCreditFlag = 0x80000000u;
 constexpr uint64_t kImmSeqMask = (uint64_t{1} << 27) - 1;
 constexpr uint64_t kImmCreditMask = (uint64_t{1} << 31) - 1;
 constexpr int kMaxQps = 16;
-// Receives QP 0 keeps posted for credit immediates, beyond its data ones:
-// at most two can be outstanding (see above), with room to spare.
-constexpr int kCreditReceives = 4;
+// Receives QP 0 keeps posted for credit immediates beyond the `slots` that
+// can be outstanding (see above).
+constexpr int kCreditSpare = 2;
+// Receive wr_ids carry this bit; send wr_ids are the QP's WR numbers.
+constexpr uint64_t kRecvWr = uint64_t{1} << 63;
 // The smallest part a message is split into across QPs.
 constexpr size_t kMinPartBytes = 64 * 1024;
 
@@ -78,15 +86,21 @@ class IbConnection final : public Connection {
     uint64_t retired = 0;       // send WRs known done (a signaled one at or after them completed)
     uint64_t lastSignaled = 0;  // posted count at the last signaled WR
     int sendDepth = 0;
-    int receives = 0;  // receives to keep posted
-    int reposts = 0;   // receives taken since they were last posted again
+    int receives = 0;     // receives to keep posted
+    int reposts = 0;      // receives taken since they were last posted again
+    bool broken = false;  // a WR failed: nothing more is posted on it
   };
+
+  // A QP's send queue and receives (index `qp` of `qps`), for sizing the
+  // completion queue they share.
+  static int sendDepthFor(size_t slots, int qps);
+  static int receivesFor(size_t slots, int qp);
 
   // Sets up this end: `qps` QPs in INIT on `port`, the receive slots (in
   // memory the peer may write), the send slots. Throws Error(SystemError).
   IbConnection(Shared& shared, VerbsBackend& backend, ProtectionDomain* pd, CompletionQueue* cq,
                Connection& control, int rank, int peer, size_t slotBytes, size_t slots, int qps,
-               const PathOptions& path, int maxInline);
+               const PathOptions& path);
   ~IbConnection() override;
   IbConnection(const IbConnection&) = delete;
   IbConnection& operator=(const IbConnection&) = delete;
@@ -104,9 +118,9 @@ class IbConnection final : public Connection {
     return recvRead_ == recvFilled_ ? nullptr : &recvSlots_[recvRead_ % slots_].message;
   }
   void releaseRecv() override;
-  // Posted WRs need nothing more of this rank: the device retransmits. Only
-  // credit that found its send queue full is still this rank's to send.
-  bool flushed() const override { return !creditPending_ || peerClosed(); }
+  // Every WR completed and no credit owed (see above); asking posts the
+  // signaled write that closes an unsignaled tail, at the next repost().
+  bool flushed() const override;
   bool peerClosed() const override { return control_.peerClosed(); }
   int failedRank() const override { return control_.failedRank(); }
   bool peerTimedOut() const override { return control_.peerTimedOut(); }
@@ -120,8 +134,12 @@ class IbConnection final : public Connection {
   void complete(int qp, const Completion& completion);
   // A QP of this connection went to the error state (an async event).
   void qpFailed(int qp, const char* what);
-  // Posts the receives taken and the credit owed. Returns true if any.
+  // Posts the receives taken, the credit owed and the writes flushed()
+  // asked for. Returns true if any.
   bool repost();
+  // The executor is about to idle: credit for every release not yet told,
+  // so a sender never waits on releases this rank made.
+  void creditAll();
   // Destroys the QPs (their WRs are flushed) before the memory they use
   // is released: the transport calls it for every connection first.
   void destroyQps();
@@ -140,8 +158,9 @@ class IbConnection final : public Connection {
     uint64_t wr;
   };
 
-  bool hasRoom(const Qp& qp) const {
-    return qp.posted - qp.retired + 1 <= static_cast<uint64_t>(qp.sendDepth);
+  bool hasRoom(const Qp& qp, int entries = 1) const {
+    return !qp.broken && qp.posted - qp.retired + static_cast<uint64_t>(entries) <=
+                             static_cast<uint64_t>(qp.sendDepth);
   }
   // Posts one send WR on `qp` (signaled every k-th, or when asked);
   // returns false when the device refused it (a failure is recorded).
@@ -162,7 +181,6 @@ class IbConnection final : public Connection {
   size_t slotBytes_;
   size_t slots_;
   size_t stride_;  // a slot with its trailer, rounded up to 64 bytes
-  int maxInline_;
   uint64_t signalEvery_;
   uint64_t creditEvery_;
 
@@ -195,6 +213,7 @@ class IbConnection final : public Connection {
   uint64_t recvRead_ = 0;
   uint64_t advertised_ = 0;
   bool creditPending_ = false;
+  mutable bool flushWanted_ = false;  // flushed() found WRs not yet completed
 
   std::string failure_;
 };

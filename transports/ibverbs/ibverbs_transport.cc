@@ -21,9 +21,6 @@ namespace {
 // the tcp transport's own words.
 constexpr size_t kControlSlotBytes = 4096;
 constexpr int kControlSlots = 2;
-// The bytes a send WR may carry inline (credit carries none; this is what
-// the QPs are created with).
-constexpr int kMaxInline = 64;
 // How long one wait on the completion queue lasts before the control
 // connections are looked at.
 constexpr std::chrono::milliseconds kWaitSlice{1};
@@ -78,14 +75,24 @@ class IbTransport final : public Transport {
     path_.timeout = options.timeout;
     path_.retryCount = options.retryCount;
     const int qps = options.qpsPerConnection;
-    // Every completion a QP can have outstanding: its send queue and its
-    // receives (ibverbs_connection.h).
-    const int perQp = 2 * slots + 2 * kCreditReceives + slots + 8;
-    cq_ = backend_->createCq(device_, std::max(1, perQp * qps * static_cast<int>(peers.size())));
+    // Every completion the QPs can have outstanding: their send queues and
+    // their receives.
+    int64_t depth = 0;
+    for (int q = 0; q < qps; ++q)
+      depth += IbConnection::sendDepthFor(static_cast<size_t>(slots), qps) +
+               IbConnection::receivesFor(static_cast<size_t>(slots), q);
+    depth *= static_cast<int64_t>(peers.size());
+    if (depth > port_.deviceInfo.maxCqe && port_.deviceInfo.maxCqe > 0)
+      fail(ErrorCode::SystemError, rank,
+           format("%s allows completion queues of %d entries, and %zu peers with %d QPs of %d "
+                  "slots need %lld: lower BRAID_SLOTS or BRAID_IB_QPS_PER_CONNECTION",
+                  port_.deviceName.c_str(), port_.deviceInfo.maxCqe, peers.size(), qps, slots,
+                  static_cast<long long>(depth)));
+    cq_ = backend_->createCq(device_, static_cast<int>(std::max<int64_t>(1, depth)));
     for (int peer : peers) {
       connections_.push_back(std::make_unique<IbConnection>(
           shared_, *backend_, pd_, cq_, control_->connection(peer), rank, peer, slotBytes,
-          static_cast<size_t>(slots), qps, path_, kMaxInline));
+          static_cast<size_t>(slots), qps, path_));
       IbConnection* connection = connections_.back().get();
       byRank_[static_cast<size_t>(peer)] = connection;
       for (size_t i = 0; i < connection->qps().size(); ++i)
@@ -119,7 +126,9 @@ class IbTransport final : public Transport {
     return failedPeer_ >= 0 ? failedPeer_ : control_->failedPeer();
   }
 
+  // Credit every release not yet told, first: a sender may wait on it.
   void prepareToWait() override {
+    for (auto& connection : connections_) connection->creditAll();
     control_->prepareToWait();
     snapshot_ = shared_.activity;
   }
@@ -174,6 +183,7 @@ class IbTransport final : public Transport {
         return;
       }
       case AsyncEventKind::PortError:
+        if (event.port != port_.port) return;  // a port this transport does not use
         failure_ = format("port %d of %s went down", event.port, port_.deviceName.c_str());
         shared_.anyFailure = true;
         return;
