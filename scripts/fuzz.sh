@@ -9,10 +9,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire unique_id knobs)
 
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DBRAID_FUZZ=ON -DBRAID_BUILD_TESTS=OFF -DBRAID_BUILD_BENCHMARKS=OFF >/dev/null
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(wire unique_id knobs)
+  # The ibverbs connection record, where the ibverbs transport is built.
+  cmake --build build-fuzz --target help | grep -q braid-fuzz-ib-wire && targets+=(ib_wire)
+fi
 names=()
 for t in "${targets[@]}"; do names+=("braid-fuzz-${t//_/-}"); done
 cmake --build build-fuzz -j "${BRAID_BUILD_JOBS:-2}" --target "${names[@]}"
