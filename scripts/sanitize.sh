@@ -22,8 +22,10 @@
 # (each communicator's transports run on its executor's thread, so their
 # threads are the ones the shm runs have; libucp itself is not
 # instrumented; ucx_shm.* stays, so ucx's code runs under it, with its
-# faults over shared memory), Algorithms.* (every algorithm's plan on the
-# same threads as the collectives suite) and the simulator's Plans.* tests
+# faults over shared memory), Algorithms.*, MemAllocBuffers.* and the NCCL
+# programs (plans and buffers on the same threads as the collectives
+# suite; the NCCL API's own threads run in the rest of Nccl.*) and the
+# simulator's Plans.* tests
 # (one thread, no shared state). The staged.* repeat of the device suite
 # stays: tcp's device proxy is a thread of its own.
 set -euo pipefail
@@ -38,7 +40,7 @@ done
 for preset in "${presets[@]}"; do
   exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^MultiHost\.NetworkFaults|^ucx\.UcxMultiHost\.NetworkFaults|^ibverbs_fake\.'
   [ "$preset" = asan ] && exclude="$exclude|^tcp\.|^Plans\..*Thousand|^ucx\.(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter)\."
-  [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^Algorithms\.|^ucx\."
+  [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^Algorithms\.|^MemAllocBuffers\.|^Nccl\.ProgramWrittenForNccl|^ucx\."
   echo "sanitize: ${preset}: building"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "${BRAID_BUILD_JOBS:-2}"
