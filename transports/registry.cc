@@ -335,8 +335,7 @@ std::vector<std::string> builtTransports() {
 std::string ibverbsStatus() {
 #if BRAID_HAVE_IBVERBS
   try {
-    const std::string why = ibverbs::probe(ibverbsOptions());
-    return why.empty() ? "" : why;
+    return ibverbs::probe(ibverbsOptions());
   } catch (const Error& error) {
     return error.what();
   }
