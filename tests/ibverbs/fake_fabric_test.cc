@@ -5,10 +5,12 @@
 #include "transports/ibverbs/fake_fabric.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -305,6 +307,43 @@ int countBytes(const uint8_t* at, size_t bytes, uint8_t value) {
   return n;
 }
 
+size_t pageBytes() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+
+// What the tests register as a dma-buf: a memfd mapped MAP_SHARED here, as
+// the emulated device's memory is (its name is not the fabric's, so
+// mappingCount() leaves it out).
+constexpr char kDmabufName[] = "fake-fabric-test-dmabuf";
+struct DeviceMemory {
+  explicit DeviceMemory(size_t size) : bytes(size) {
+    fd = memfd_create(kDmabufName, MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw std::runtime_error("memfd");
+    void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapping == MAP_FAILED) throw std::runtime_error("mmap");
+    data = static_cast<uint8_t*>(mapping);
+  }
+  ~DeviceMemory() {
+    munmap(data, bytes);
+    closeFd();
+  }
+  // What a caller may do right after registering.
+  void closeFd() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  uint64_t address(size_t offset = 0) const { return reinterpret_cast<uint64_t>(data + offset); }
+
+  int fd = -1;
+  uint8_t* data = nullptr;
+  size_t bytes;
+};
+
+// `e`'s wire, naming a dma-buf region at `address` instead of its target.
+Wire regionWire(const End& e, uint64_t address, uint32_t rkey) {
+  Wire w = e.wire();
+  w.address = address, w.rkey = rkey;
+  return w;
+}
+
 // ------------------------------------------------------------ the device
 
 TEST(FakeFabric, DeviceIsOneActiveRoCEPortWithAGidPerProcess) {
@@ -333,10 +372,6 @@ TEST(FakeFabric, DeviceIsOneActiveRoCEPortWithAGidPerProcess) {
   EXPECT_EQ(mapped.raw[10], 0xff);
   EXPECT_EQ(mapped.raw[11], 0xff);
   EXPECT_THROW(backend->queryGid(device, 1, port.gidTableLength), Error);
-  ProtectionDomain* pd = backend->allocPd(device);
-  Keys keys;
-  EXPECT_EQ(backend->registerDmabuf(pd, 3, 0, 4096, 0, kLocalWrite, &keys), nullptr);
-  backend->deallocPd(pd);
 
   // Another process has another GID.
   int fds[2];
@@ -1019,6 +1054,287 @@ TEST(FakeFabric, ToRtrThrowsWhenTheGidOrQpNumberNamesNothing) {
   expectThrowNaming([&] { e.backend->toRtr(e.qp, remote, e.path); }, "toRtr");
 }
 
+// ------------------------------------------------------------ dma-buf regions
+
+constexpr int kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead;
+
+TEST(FakeFabric, DmabufRegionIsWrittenAndReadByAPeerProcess) {
+  const size_t page = pageBytes();
+  TwoProcesses p({}, [page](End& e, Channel& channel, const Wire&) {
+    const Wire to = channel.recv<Wire>();
+    for (int i = 0; i < 1000; ++i) e.target[i] = static_cast<uint8_t>(i * 7 + 1);
+    CHILD_CHECK(e.post(e.wr(Opcode::Write, 1, 0, 1000, to, 100)) == 0);
+    auto c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->wrId == 1 && c->status == WcStatus::Success);
+    std::memset(e.target + 2048, 0xab, 256);  // across the region's first page boundary
+    CHILD_CHECK(e.post(e.wr(Opcode::WriteWithImm, 2, 2048, 256, to, page - 128, true, 0x5eed)) ==
+                0);
+    c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->wrId == 2 && c->status == WcStatus::Success);
+    CHILD_CHECK(e.post(e.wr(Opcode::Read, 3, 8192, 512, to, 6000)) == 0);
+    c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->wrId == 3 && c->status == WcStatus::Success && c->opcode == Opcode::Read);
+    for (int i = 0; i < 512; ++i) CHILD_CHECK(e.target[8192 + i] == static_cast<uint8_t>(i ^ 0x5a));
+    return 0;
+  });
+  End& e = p.end();
+  // Three pages of file; the region is its last two, seen at a mapping of
+  // them alone: remote address A is file offset page + (A - seen).
+  DeviceMemory file(3 * page);
+  void* view = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd, page);
+  ASSERT_NE(view, MAP_FAILED);
+  auto* seen = static_cast<uint8_t*>(view);
+  Keys keys;
+  MemoryRegion* mr = e.backend->registerDmabuf(e.pd, file.fd, page, 2 * page,
+                                               reinterpret_cast<uint64_t>(seen), kAllAccess, &keys);
+  ASSERT_NE(mr, nullptr);
+  file.closeFd();  // the fake keeps its own
+  for (int i = 0; i < 512; ++i) seen[6000 + i] = static_cast<uint8_t>(i ^ 0x5a);
+  ASSERT_EQ(e.postRecv(77), 0);
+  p.channel().send(regionWire(e, reinterpret_cast<uint64_t>(seen), keys.rkey));
+
+  const auto c = e.next(e.recvCq);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, WcStatus::Success);
+  EXPECT_EQ(c->wrId, 77u);
+  EXPECT_EQ(c->bytes, 256u);
+  EXPECT_EQ(c->imm, 0x5eedu);
+  const uint8_t* whole = file.data;  // by file offset
+  int wrong = 0;
+  for (int i = 0; i < 1000; ++i) wrong += whole[page + 100 + i] != static_cast<uint8_t>(i * 7 + 1);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(whole[page + 99], 0);
+  EXPECT_EQ(countBytes(whole + 2 * page - 128, 256, 0xab), 256);
+  EXPECT_EQ(countBytes(whole, page, 0), static_cast<int>(page));  // before the region
+  EXPECT_EQ(p.finish(), 0);
+  e.backend->deregister(mr);
+  munmap(view, 2 * page);
+}
+
+TEST(FakeFabric, DmabufRegionIsLocalMemoryOfWritesAndReads) {
+  TwoProcesses p({}, [](End& e, Channel& channel, const Wire& peer) {
+    DeviceMemory memory(2 * pageBytes());
+    Keys keys;
+    MemoryRegion* mr = e.backend->registerDmabuf(e.pd, memory.fd, 0, memory.bytes, memory.address(),
+                                                 kLocalWrite, &keys);
+    CHILD_CHECK(mr != nullptr);
+    memory.closeFd();
+    channel.recv<char>();  // the peer's memory is filled
+    std::memset(memory.data + 100, 0xd1, 300);
+    SendRequest write = e.wr(Opcode::Write, 1, 0, 300, peer, 0);
+    write.local = memory.data + 100, write.lkey = keys.lkey;
+    SendRequest read = e.wr(Opcode::Read, 2, 0, 300, peer, 4096);
+    read.local = memory.data + 5000, read.lkey = keys.lkey;
+    CHILD_CHECK(e.post(write) == 0 && e.post(read) == 0);
+    for (uint64_t id = 1; id <= 2; ++id) {
+      const auto c = e.next(e.sendCq);
+      CHILD_CHECK(c && c->wrId == id && c->status == WcStatus::Success);
+    }
+    CHILD_CHECK(countBytes(memory.data + 5000, 300, 0x2e) == 300);
+    e.backend->deregister(mr);
+    channel.send('d');
+    return 0;
+  });
+  std::memset(p.end().target + 4096, 0x2e, 300);
+  p.channel().send('f');
+  p.channel().recv<char>();
+  EXPECT_EQ(countBytes(p.end().target, 300, 0xd1), 300);
+  EXPECT_EQ(p.finish(), 0);
+}
+
+// The "flush READ" of GPUDirect RDMA: after receives into device memory,
+// the engine reads a byte of it back through a QP connected to itself.
+TEST(FakeFabric, QpConnectedToItselfReadsItsOwnDmabufRegion) {
+  End e(testFabric(), "", PairSetup{});
+  e.connect(e.wire());
+  DeviceMemory memory(2 * pageBytes());
+  for (int i = 0; i < 1000; ++i) memory.data[100 + i] = static_cast<uint8_t>(i * 3 + 1);
+  Keys keys;
+  MemoryRegion* mr = e.backend->registerDmabuf(e.pd, memory.fd, 0, memory.bytes, memory.address(),
+                                               kAllAccess, &keys);
+  ASSERT_NE(mr, nullptr);
+  memory.closeFd();
+  const Wire self = regionWire(e, memory.address(), keys.rkey);
+
+  ASSERT_EQ(e.post(e.wr(Opcode::Read, 1, 0, 1, self, 100)), 0);  // one byte, as engines flush
+  auto c = e.next(e.sendCq);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wrId, 1u);
+  EXPECT_EQ(c->status, WcStatus::Success);
+  EXPECT_EQ(c->opcode, Opcode::Read);
+  EXPECT_EQ(c->qpNum, e.qpNum);
+  EXPECT_EQ(e.target[0], 1);
+
+  ASSERT_EQ(e.post(e.wr(Opcode::Read, 2, 4096, 1000, self, 100)), 0);
+  c = e.next(e.sendCq);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, WcStatus::Success);
+  int wrong = 0;
+  for (int i = 0; i < 1000; ++i) wrong += e.target[4096 + i] != static_cast<uint8_t>(i * 3 + 1);
+  EXPECT_EQ(wrong, 0);
+
+  // Its own target memory too.
+  std::memset(e.target + 8192, 0x6b, 64);
+  ASSERT_EQ(e.post(e.wr(Opcode::Read, 3, 12288, 64, e.wire(), 8192)), 0);
+  c = e.next(e.sendCq);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, WcStatus::Success);
+  EXPECT_EQ(countBytes(e.target + 12288, 64, 0x6b), 64);
+  e.backend->deregister(mr);
+}
+
+TEST(FakeFabric, DeregisteredDmabufRkeyIsRejected) {
+  TwoProcesses p({}, [](End& e, Channel& channel, const Wire&) {
+    const Wire to = channel.recv<Wire>();
+    e.target[0] = 1;
+    CHILD_CHECK(e.post(e.wr(Opcode::Write, 1, 0, 1, to, 0)) == 0);
+    auto c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->status == WcStatus::Success);
+    channel.send('a');
+    channel.recv<char>();  // deregistered
+    e.target[0] = 2;
+    CHILD_CHECK(e.post(e.wr(Opcode::Write, 2, 0, 1, to, 1)) == 0);
+    c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->status == WcStatus::RemAccessErr);
+    return 0;
+  });
+  End& e = p.end();
+  DeviceMemory memory(pageBytes());
+  const size_t fdsBefore = listing("/proc/self/fd").size();
+  Keys keys;
+  MemoryRegion* mr = e.backend->registerDmabuf(e.pd, memory.fd, 0, memory.bytes, memory.address(),
+                                               kAllAccess, &keys);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore + 1);  // the fake's dup
+  p.channel().send(regionWire(e, memory.address(), keys.rkey));
+  p.channel().recv<char>();
+  EXPECT_EQ(memory.data[0], 1);
+  e.backend->deregister(mr);
+  EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);
+  p.channel().send('d');
+  EXPECT_EQ(p.finish(), 0);
+  EXPECT_EQ(memory.data[1], 0);
+}
+
+// Dups of both regions likely share a descriptor number, so a mapping
+// cached by anything but the registration would reach the old file.
+TEST(FakeFabric, DmabufRegisteredAfterADeregisteredOneReachesItsOwnFile) {
+  TwoProcesses p({}, [](End& e, Channel& channel, const Wire&) {
+    for (const uint8_t value : {uint8_t{'a'}, uint8_t{'b'}}) {
+      const Wire to = channel.recv<Wire>();
+      e.target[0] = value;
+      CHILD_CHECK(e.post(e.wr(Opcode::Write, value, 0, 1, to, 0)) == 0);
+      const auto c = e.next(e.sendCq);
+      CHILD_CHECK(c && c->status == WcStatus::Success);
+      channel.send('w');
+    }
+    return 0;
+  });
+  End& e = p.end();
+  DeviceMemory first(pageBytes()), second(pageBytes());
+  Keys keys;
+  MemoryRegion* mr =
+      e.backend->registerDmabuf(e.pd, first.fd, 0, first.bytes, first.address(), kAllAccess, &keys);
+  ASSERT_NE(mr, nullptr);
+  p.channel().send(regionWire(e, first.address(), keys.rkey));
+  p.channel().recv<char>();
+  e.backend->deregister(mr);
+  mr = e.backend->registerDmabuf(e.pd, second.fd, 0, second.bytes, second.address(), kAllAccess,
+                                 &keys);
+  ASSERT_NE(mr, nullptr);
+  p.channel().send(regionWire(e, second.address(), keys.rkey));
+  p.channel().recv<char>();
+  EXPECT_EQ(first.data[0], 'a');
+  EXPECT_EQ(second.data[0], 'b');
+  EXPECT_EQ(p.finish(), 0);
+  e.backend->deregister(mr);
+}
+
+TEST(FakeFabric, WriteBeyondADmabufRegionGivesRemoteAccessError) {
+  TwoProcesses p({}, [](End& e, Channel& channel, const Wire& peer) {
+    return writeExpecting(e, channel, peer, WcStatus::RemAccessErr);
+  });
+  DeviceMemory memory(2 * pageBytes());
+  Keys keys;
+  MemoryRegion* mr = p.end().backend->registerDmabuf(p.end().pd, memory.fd, 0, pageBytes(),
+                                                     memory.address(), kAllAccess, &keys);
+  ASSERT_NE(mr, nullptr);
+  p.channel().send(regionWire(p.end(), memory.address(pageBytes() - 8), keys.rkey));
+  EXPECT_EQ(p.finish(), 0);
+  EXPECT_EQ(countBytes(memory.data + pageBytes() - 8, 16, 0), 16);  // the file goes on
+  p.end().backend->deregister(mr);
+}
+
+TEST(FakeFabric, ReadOfADmabufRegionWithoutRemoteReadGivesRemoteAccessError) {
+  TwoProcesses p({}, [](End& e, Channel& channel, const Wire&) {
+    const Wire to = channel.recv<Wire>();
+    CHILD_CHECK(e.post(e.wr(Opcode::Read, 1, 0, 16, to, 0)) == 0);
+    const auto c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->status == WcStatus::RemAccessErr);
+    return 0;
+  });
+  DeviceMemory memory(pageBytes());
+  Keys keys;
+  MemoryRegion* mr = p.end().backend->registerDmabuf(
+      p.end().pd, memory.fd, 0, memory.bytes, memory.address(), kLocalWrite | kRemoteWrite, &keys);
+  ASSERT_NE(mr, nullptr);
+  p.channel().send(regionWire(p.end(), memory.address(), keys.rkey));
+  EXPECT_EQ(p.finish(), 0);
+  p.end().backend->deregister(mr);
+}
+
+TEST(FakeFabric, DmabufBeyondTheFileIsRefused) {
+  auto backend = makeFakeFabric({testFabric(), ""});
+  Device* device = backend->openDevice("fake_0", nullptr);
+  ProtectionDomain* pd = backend->allocPd(device);
+  const size_t page = pageBytes();
+  DeviceMemory memory(2 * page);
+  const size_t fdsBefore = listing("/proc/self/fd").size();
+  Keys keys;
+  const uint64_t at = memory.address();
+  EXPECT_EQ(backend->registerDmabuf(pd, memory.fd, page, 2 * page, at + page, kAllAccess, &keys),
+            nullptr);
+  EXPECT_EQ(backend->registerDmabuf(pd, memory.fd, 0, 2 * page + 1, at, kAllAccess, &keys),
+            nullptr);
+  EXPECT_EQ(backend->registerDmabuf(pd, memory.fd, 3 * page, 0, at + 3 * page, kAllAccess, &keys),
+            nullptr);
+  EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);  // no dup kept for a refusal
+  MemoryRegion* mr =
+      backend->registerDmabuf(pd, memory.fd, page, page, at + page, kAllAccess, &keys);
+  EXPECT_NE(mr, nullptr);  // up to the file's end
+  if (mr != nullptr) backend->deregister(mr);
+  backend->deallocPd(pd);
+  backend->closeDevice(device);
+}
+
+TEST(FakeFabric, DmabufOfAnUnusableFdOrAnOffsetOutOfPlaceIsRefused) {
+  auto backend = makeFakeFabric({testFabric(), ""});
+  Device* device = backend->openDevice("fake_0", nullptr);
+  ProtectionDomain* pd = backend->allocPd(device);
+  DeviceMemory memory(2 * pageBytes());
+  int pipeFds[2];
+  ASSERT_EQ(pipe2(pipeFds, O_CLOEXEC), 0);
+  const int closed = fcntl(memory.fd, F_DUPFD_CLOEXEC, 0);
+  close(closed);
+  const size_t fdsBefore = listing("/proc/self/fd").size();
+  Keys keys;
+  const uint64_t at = memory.address();
+  EXPECT_EQ(backend->registerDmabuf(pd, -1, 0, 4096, at, kAllAccess, &keys), nullptr);
+  EXPECT_EQ(backend->registerDmabuf(pd, closed, 0, 4096, at, kAllAccess, &keys), nullptr);
+  EXPECT_EQ(backend->registerDmabuf(pd, pipeFds[0], 0, 4096, at, kAllAccess, &keys), nullptr);
+  // Offset and address at different places in a page, as mlx5 refuses.
+  EXPECT_EQ(backend->registerDmabuf(pd, memory.fd, 0, 4096, at + 64, kAllAccess, &keys), nullptr);
+  // Remote write without local write (EINVAL on hardware).
+  EXPECT_EQ(backend->registerDmabuf(pd, memory.fd, 0, 4096, at, kRemoteWrite, &keys), nullptr);
+  EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);
+  MemoryRegion* mr = backend->registerDmabuf(pd, memory.fd, 64, 4096, at + 64, kAllAccess, &keys);
+  EXPECT_NE(mr, nullptr);  // at the same place in a page
+  if (mr != nullptr) backend->deregister(mr);
+  close(pipeFds[0]), close(pipeFds[1]);
+  backend->deallocPd(pd);
+  backend->closeDevice(device);
+}
+
 // ------------------------------------------------------------ leaving nothing behind
 
 // The shared mappings of process `pid` that have a name in the filesystem
@@ -1067,21 +1383,23 @@ TEST(FakeFabric, NothingIsLeftInDevShmOrOpenAfterTheProcessesEnd) {
   EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);
 }
 
-// The fabric's own mappings (its memfds show as /memfd:braid-...): a
-// count of every mapping would also count what a sanitizer's allocator
-// maps meanwhile.
-size_t mappingCount() {
+// The fabric's own mappings (its memfds show as /memfd:braid-...), or
+// those of another memfd `name`: a count of every mapping would also count
+// what a sanitizer's allocator maps meanwhile.
+size_t mappingCount(const std::string& name = "braid") {
   std::ifstream maps("/proc/self/maps");
   size_t n = 0;
   for (std::string line; std::getline(maps, line);)
-    if (line.find("/memfd:braid") != std::string::npos) ++n;
+    if (line.find("/memfd:" + name) != std::string::npos) ++n;
   return n;
 }
 
 TEST(FakeFabric, DestroyingTheBackendFreesWhatWasLeftOpen) {
   const size_t fdsBefore = listing("/proc/self/fd").size();
   const size_t mappingsBefore = mappingCount();
+  const size_t dmabufMappingsBefore = mappingCount(kDmabufName);
   {
+    DeviceMemory memory(pageBytes());
     const std::string fabric = testFabric();
     End a(fabric, "", PairSetup{});
     auto b = makeFakeFabric({fabric, ""});  // everything of b is left open
@@ -1093,6 +1411,11 @@ TEST(FakeFabric, DestroyingTheBackendFreesWhatWasLeftOpen) {
     auto* target = static_cast<uint8_t*>(b->allocateTarget(8192));
     Keys keys;
     b->registerMemory(pd, target, 8192, kLocalWrite | kRemoteWrite | kRemoteRead, &keys);
+    Keys dmabufKeys;
+    ASSERT_NE(b->registerDmabuf(pd, memory.fd, 0, memory.bytes, memory.address(), kAllAccess,
+                                &dmabufKeys),
+              nullptr);
+    memory.closeFd();  // b's dup is all that is open of it
     Wire wire;
     wire.qpNum = qpNum, wire.gid = b->queryGid(device, 1, 1);
     wire.address = reinterpret_cast<uint64_t>(target), wire.rkey = keys.rkey;
@@ -1106,10 +1429,16 @@ TEST(FakeFabric, DestroyingTheBackendFreesWhatWasLeftOpen) {
     b->toRts(qp, path);
     ASSERT_EQ(a.post(a.wr(Opcode::Write, 1, 0, 64, wire, 0)), 0);  // a maps b's block
     ASSERT_TRUE(a.next(a.sendCq));
+    Wire region = wire;
+    region.address = memory.address(), region.rkey = dmabufKeys.rkey;
+    ASSERT_EQ(a.post(a.wr(Opcode::Write, 2, 0, 64, region, 0)), 0);  // and the dma-buf region
+    ASSERT_TRUE(a.next(a.sendCq));
     EXPECT_GT(mappingCount(), mappingsBefore);  // (the count sees the fabric's mappings)
+    EXPECT_EQ(mappingCount(kDmabufName), dmabufMappingsBefore + 2);  // the test's and a's
   }
   EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);
   EXPECT_EQ(mappingCount(), mappingsBefore);
+  EXPECT_EQ(mappingCount(kDmabufName), dmabufMappingsBefore);
 }
 
 }  // namespace

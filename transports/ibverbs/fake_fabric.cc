@@ -5,9 +5,11 @@
 // opens through /proc/<pid>/fd/<n>. It holds a header (magic, pid,
 // layout), a QP table (per QP: number, state, receive ring and receive
 // CQ), an MR table (per key: the registered range, its access and the
-// target block it lies in) and an arena for CQ rings and receive rings.
-// Every allocateTarget() block is a memfd of its own, a header page and
-// then the memory, which peers map whole (and cache) on first use.
+// target block or dma-buf file behind it) and an arena for CQ rings and
+// receive rings. Every allocateTarget() block is a memfd of its own, a
+// header page and then the memory, which peers map whole (and cache) on
+// first use. A dma-buf region is the caller's file, with no header: the
+// fake holds a dup of its fd, and peers map the registered range of it.
 //
 // Other processes write only to atomics on lock-free types there, and to
 // a CQ slot's payload between claiming and publishing it (release/acquire
@@ -58,7 +60,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 
 constexpr uint64_t kNodeMagic = 0x65646f4e6b614642ull;
 constexpr uint64_t kBlockMagic = 0x6b636f6c426b6142ull;
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr uint32_t kMaxQps = 1024;
 constexpr uint32_t kMaxMrs = 1u << 16;                 // keys are slot << 8 | generation
 constexpr uint64_t kArenaBytes = uint64_t{256} << 20;  // sparse: only what is used is touched
@@ -102,17 +104,29 @@ struct alignas(64) SharedQp {
   std::atomic<uint64_t> recvConsumed;      // by CAS: the writer, or the owner flushing
 };
 
+// What a region's memory is, for a peer that wants to reach it.
+enum class BlockKind : uint32_t {
+  None,    // plain memory of the owner: no peer reaches it
+  Target,  // in an allocateTarget() block
+  Dmabuf,  // a registerDmabuf() file
+};
+
 // A seqlock keyed by `key`: the owner clears it before changing the fields
 // and sets it last; a reader trusts the fields only if it reads the same
 // key before and after them.
 struct alignas(64) SharedMr {
   std::atomic<uint32_t> key;  // 0: free; lkey and rkey alike
   std::atomic<uint32_t> access;
-  std::atomic<int32_t> blockFd;      // the block's memfd in the owner; -1: no target block
-  std::atomic<uint32_t> generation;  // the owner's alone
+  std::atomic<int32_t> blockFd;  // in the owner: the block's memfd or the dma-buf's dup; -1: none
+  std::atomic<uint32_t> kind;    // BlockKind
   std::atomic<uint64_t> address, length;
-  std::atomic<uint64_t> blockId, blockAddress;  // the block's id and first byte in the owner
+  // Target: the block's id and first byte in the owner. Dmabuf: an id of
+  // this registration alone, and `address`.
+  std::atomic<uint64_t> blockId, blockAddress;
+  std::atomic<uint64_t> fileOffset;  // Dmabuf: where blockAddress lies in the file
+  std::atomic<uint64_t> inode;       // Dmabuf: the file's, which a peer checks on opening it
 };
+static_assert(sizeof(SharedMr) == 64, "the MR table holds a cache line per key");
 
 struct alignas(64) CqShared {
   std::atomic<uint64_t> tail;       // the next ticket; may lag behind a claim (others help it on)
@@ -317,12 +331,25 @@ struct PeerNode {
   int users = 0;  // QPs connected to it
 };
 
+// A peer's target block or dma-buf region, mapped here. `data` is the
+// byte at the peer's blockAddress.
 struct RemoteBlock {
   uint8_t* mapping;
   uint64_t mapBytes;
   uint8_t* data;
   uint64_t bytes;
-  BlockHeader* header;
+  BlockHeader* header;  // nullptr for a dma-buf region, which has none
+  uint64_t nodeId;      // a dma-buf region's: unmapped once this key is gone from that node
+  uint32_t slot, key;
+};
+
+// A region's SharedMr as a reader found it under its key, or as its
+// owner publishes it.
+struct MrRecord {
+  uint32_t slot = 0, key = 0, access = 0;
+  BlockKind kind = BlockKind::None;
+  int blockFd = -1;
+  uint64_t address = 0, length = 0, blockId = 0, blockAddress = 0, fileOffset = 0, inode = 0;
 };
 
 struct FakeQp;
@@ -334,6 +361,7 @@ struct FakePd {
 struct FakeMr {
   FakeDevice* device;
   uint32_t slot;
+  int dmabufFd;  // the fake's dup of a dma-buf region's fd; -1 for other regions
 };
 
 struct FakeDevice {
@@ -345,6 +373,7 @@ struct FakeDevice {
   NodeHeader* header = nullptr;
   SharedQp* sharedQps = nullptr;
   SharedMr* sharedMrs = nullptr;
+  std::vector<uint8_t> mrGenerations = std::vector<uint8_t>(kMaxMrs);  // by slot
   Arena arena;
   std::vector<FakeQp*> qps = std::vector<FakeQp*>(kMaxQps);  // by slot
   uint32_t nextQpSlot = 0, nextMrSlot = 0;  // slots go round, so a freed one rests a while
@@ -506,10 +535,8 @@ class FakeFabric final : public VerbsBackend {
   void releaseTarget(void* memory, size_t bytes) override;
   MemoryRegion* registerMemory(ProtectionDomain* pd, void* address, size_t bytes, int access,
                                Keys* keys) override;
-  MemoryRegion* registerDmabuf(ProtectionDomain*, int, uint64_t, size_t, uint64_t, int,
-                               Keys*) override {
-    return nullptr;  // no dma-buf: the engine stages through host memory
-  }
+  MemoryRegion* registerDmabuf(ProtectionDomain* pd, int fd, uint64_t offset, size_t bytes,
+                               uint64_t address, int access, Keys* keys) override;
   void deregister(MemoryRegion* region) override;
 
   CompletionQueue* createCq(Device* device, int depth) override;
@@ -546,7 +573,9 @@ class FakeFabric final : public VerbsBackend {
   bool claimReceive(FakeQp* qp, uint64_t* wrId);
   bool resolveRemote(FakeQp* qp, uint32_t rkey, uint64_t address, uint32_t bytes, int access,
                      uint8_t** out);
-  RemoteBlock* mapBlock(FakeDevice* d, const PeerNode* peer, uint64_t id, int fd);
+  FakeMr* publishMr(FakeDevice* d, const MrRecord& record, Keys* keys);
+  RemoteBlock* mapBlock(FakeDevice* d, const PeerNode* peer, const MrRecord& m);
+  void sweepBlocks(FakeDevice* d);
   PeerNode* mapNode(FakeDevice* d, int pid, const std::string& path);
   PeerNode* findQp(FakeDevice* d, int pid, uint32_t qpNum, SharedQp** found);
   void retire(FakeDevice* d, const CqSlot& slot);
@@ -724,49 +753,95 @@ MemoryRegion* FakeFabric::registerMemory(ProtectionDomain* pd, void* address, si
   if ((access & kRemoteWrite) != 0 && (access & kLocalWrite) == 0) {
     fail("registerMemory", "remote write access needs local write (EINVAL)");
   }
+  MrRecord r;
+  r.access = static_cast<uint32_t>(access);
+  r.address = reinterpret_cast<uintptr_t>(address), r.length = bytes;
+  {
+    std::lock_guard<std::mutex> lock(processState().mutex);
+    auto& blocks = processState().blocks;
+    auto it = blocks.upper_bound(r.address);
+    if (it != blocks.begin() &&
+        within(r.address, bytes, std::prev(it)->first, std::prev(it)->second.bytes)) {
+      --it;
+      r.kind = BlockKind::Target, r.blockFd = it->second.fd;
+      r.blockId = it->second.id, r.blockAddress = it->first;
+    }
+  }
+  FakeMr* mr = publishMr(d, r, keys);
+  if (mr == nullptr) fail("registerMemory", format("all %u keys are taken", kMaxMrs));
+  return as<MemoryRegion>(mr);
+}
+
+// Hardware's rules as far as the fake can check them (mlx5 wants `offset`
+// and `address` at the same place in a page); nullptr, as libibverbs
+// gives, for the rest. Whether `address` really maps the file here is
+// the caller's word: local SGEs use it as it is.
+MemoryRegion* FakeFabric::registerDmabuf(ProtectionDomain* pd, int fd, uint64_t offset,
+                                         size_t bytes, uint64_t address, int access, Keys* keys) {
+  FakeDevice* d = as<FakePd>(pd)->device;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if ((access & kRemoteWrite) != 0 && (access & kLocalWrite) == 0) return nullptr;  // EINVAL
+  if (((offset ^ address) & (page - 1)) != 0 || address + bytes < address) return nullptr;
+  const int own = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return nullptr;
+  struct stat st {};
+  if (fstat(own, &st) != 0 || !S_ISREG(st.st_mode) || offset > static_cast<uint64_t>(st.st_size) ||
+      bytes > static_cast<uint64_t>(st.st_size) - offset) {
+    close(own);  // not a file, or the range lies beyond it
+    return nullptr;
+  }
+  MrRecord r;
+  r.access = static_cast<uint32_t>(access), r.kind = BlockKind::Dmabuf, r.blockFd = own;
+  r.address = address, r.length = bytes;
+  r.blockId = newId(), r.blockAddress = address;  // a fresh id: no peer has a mapping of it
+  r.fileOffset = offset, r.inode = static_cast<uint64_t>(st.st_ino);
+  FakeMr* mr = publishMr(d, r, keys);
+  if (mr == nullptr) {
+    close(own);  // all keys are taken
+    return nullptr;
+  }
+  mr->dmabufFd = own;
+  return as<MemoryRegion>(mr);
+}
+
+// Publishes `record` (its slot and key aside) under a fresh key in a free
+// slot; nullptr when all are taken.
+FakeMr* FakeFabric::publishMr(FakeDevice* d, const MrRecord& r, Keys* keys) {
   uint32_t slot = kMaxMrs;
   for (uint32_t n = 0; n < kMaxMrs && slot == kMaxMrs; ++n) {
     const uint32_t s = (d->nextMrSlot + n) % kMaxMrs;
     if (d->sharedMrs[s].key.load(std::memory_order_relaxed) == 0) slot = s;
   }
-  if (slot == kMaxMrs) fail("registerMemory", format("all %u keys are taken", kMaxMrs));
+  if (slot == kMaxMrs) return nullptr;
   d->nextMrSlot = slot + 1;
-
-  const auto begin = reinterpret_cast<uintptr_t>(address);
-  int blockFd = -1;
-  uint64_t blockId = 0, blockAddress = 0;
-  {
-    std::lock_guard<std::mutex> lock(processState().mutex);
-    auto& blocks = processState().blocks;
-    auto it = blocks.upper_bound(begin);
-    if (it != blocks.begin() &&
-        within(begin, bytes, std::prev(it)->first, std::prev(it)->second.bytes)) {
-      --it;
-      blockFd = it->second.fd, blockId = it->second.id, blockAddress = it->first;
-    }
-  }
   SharedMr& m = d->sharedMrs[slot];
-  const uint32_t generation = m.generation.load(std::memory_order_relaxed) % 255 + 1;
+  const uint32_t generation = d->mrGenerations[slot] % 255u + 1;
+  d->mrGenerations[slot] = static_cast<uint8_t>(generation);
   const uint32_t key = slot << 8 | generation;
   // Release stores: a reader that sees any new field also sees the key
   // cleared (or the new key), never the old one.
-  m.generation.store(generation, std::memory_order_relaxed);
-  m.access.store(static_cast<uint32_t>(access), std::memory_order_release);
-  m.blockFd.store(blockFd, std::memory_order_release);
-  m.address.store(begin, std::memory_order_release);
-  m.length.store(bytes, std::memory_order_release);
-  m.blockId.store(blockId, std::memory_order_release);
-  m.blockAddress.store(blockAddress, std::memory_order_release);
+  m.access.store(r.access, std::memory_order_release);
+  m.blockFd.store(r.blockFd, std::memory_order_release);
+  m.kind.store(static_cast<uint32_t>(r.kind), std::memory_order_release);
+  m.address.store(r.address, std::memory_order_release);
+  m.length.store(r.length, std::memory_order_release);
+  m.blockId.store(r.blockId, std::memory_order_release);
+  m.blockAddress.store(r.blockAddress, std::memory_order_release);
+  m.fileOffset.store(r.fileOffset, std::memory_order_release);
+  m.inode.store(r.inode, std::memory_order_release);
   m.key.store(key, std::memory_order_release);
   keys->lkey = keys->rkey = key;
-  auto* mr = new FakeMr{d, slot};
+  auto* mr = new FakeMr{d, slot, -1};
   d->mrs.insert(mr);
-  return as<MemoryRegion>(mr);
+  return mr;
 }
 
+// A dma-buf region's dup closes after its key is cleared: a peer that
+// opened the descriptor and still finds the key opened this region's file.
 void FakeFabric::deregister(MemoryRegion* region) {
   FakeMr* mr = as<FakeMr>(region);
-  mr->device->sharedMrs[mr->slot].key.store(0, std::memory_order_release);
+  mr->device->sharedMrs[mr->slot].key.store(0, std::memory_order_seq_cst);
+  if (mr->dmabufFd >= 0) close(mr->dmabufFd);
   mr->device->mrs.erase(mr);
   delete mr;
 }
@@ -1247,37 +1322,85 @@ bool FakeFabric::claimReceive(FakeQp* qp, uint64_t* wrId) {
   }
 }
 
-RemoteBlock* FakeFabric::mapBlock(FakeDevice* d, const PeerNode* peer, uint64_t id, int fd) {
-  auto it = d->blocks.find(id);
-  if (it != d->blocks.end()) return &it->second;
-  for (auto b = d->blocks.begin(); b != d->blocks.end();) {  // let released blocks go
-    if (b->second.header->released.load(std::memory_order_relaxed) != 0) {
+// Unmaps the peers' blocks whose memory has gone: target blocks released,
+// dma-buf regions deregistered (or on a node no longer mapped).
+void FakeFabric::sweepBlocks(FakeDevice* d) {
+  auto gone = [d](const RemoteBlock& b) {
+    if (b.header != nullptr) return b.header->released.load(std::memory_order_relaxed) != 0;
+    for (const auto& p : d->peers) {
+      if (p->nodeId == b.nodeId) return p->mrs[b.slot].key.load(std::memory_order_relaxed) != b.key;
+    }
+    return true;
+  };
+  for (auto b = d->blocks.begin(); b != d->blocks.end();) {
+    if (gone(b->second)) {
       munmap(b->second.mapping, b->second.mapBytes);
       b = d->blocks.erase(b);
     } else {
       ++b;
     }
   }
-  const int file = open(format("/proc/%d/fd/%d", peer->pid, fd).c_str(), O_RDWR | O_CLOEXEC);
-  if (file < 0) return nullptr;
-  struct stat st {};
-  void* mapping = MAP_FAILED;
-  if (fstat(file, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(BlockHeader))) {
-    mapping =
-        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, file, 0);
-  }
-  close(file);
-  if (mapping == MAP_FAILED) return nullptr;
+}
+
+// A target block's memfd, whole; false where the fd has been reused for
+// something else since (its header says so).
+bool mapTarget(int file, const struct stat& st, uint64_t id, RemoteBlock* out) {
   const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < sizeof(BlockHeader)) return false;
+  void* mapping = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file, 0);
+  if (mapping == MAP_FAILED) return false;
   auto* h = static_cast<BlockHeader*>(mapping);
   if (h->magic.load(std::memory_order_acquire) != kBlockMagic || h->id != id ||
       h->dataOffset > size || h->bytes > size - h->dataOffset) {
-    munmap(mapping, size);  // the fd has been reused for something else
-    return nullptr;
+    munmap(mapping, size);
+    return false;
   }
-  RemoteBlock block{static_cast<uint8_t*>(mapping), size,
-                    static_cast<uint8_t*>(mapping) + h->dataOffset, h->bytes, h};
-  return &d->blocks.emplace(id, block).first->second;
+  out->mapping = static_cast<uint8_t*>(mapping), out->mapBytes = size;
+  out->data = out->mapping + h->dataOffset, out->bytes = h->bytes, out->header = h;
+  return true;
+}
+
+// The registered range of a dma-buf region's file, from the page it
+// starts in. Its key still there after the open means the descriptor was
+// still the region's dup (deregister clears the key first); the inode
+// says it is the file registered.
+bool mapDmabuf(int file, const struct stat& st, const PeerNode* peer, const MrRecord& m,
+               RemoteBlock* out) {
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (peer->mrs[m.slot].key.load(std::memory_order_seq_cst) != m.key ||
+      static_cast<uint64_t>(st.st_ino) != m.inode || m.length == 0 || m.fileOffset > size ||
+      m.length > size - m.fileOffset) {
+    return false;
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = m.fileOffset / page * page;
+  const uint64_t bytes = m.fileOffset - start + m.length;
+  void* mapping =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file, static_cast<off_t>(start));
+  if (mapping == MAP_FAILED) return false;
+  out->mapping = static_cast<uint8_t*>(mapping), out->mapBytes = bytes;
+  out->data = out->mapping + (m.fileOffset - start), out->bytes = m.length, out->header = nullptr;
+  out->nodeId = peer->nodeId, out->slot = m.slot, out->key = m.key;
+  return true;
+}
+
+// The peer's target block or dma-buf region `m` names, mapped here and
+// cached by the block's id, which is new for every dma-buf registration:
+// a mapping is never found for another one.
+RemoteBlock* FakeFabric::mapBlock(FakeDevice* d, const PeerNode* peer, const MrRecord& m) {
+  auto it = d->blocks.find(m.blockId);
+  if (it != d->blocks.end()) return &it->second;
+  sweepBlocks(d);
+  const int file = open(format("/proc/%d/fd/%d", peer->pid, m.blockFd).c_str(), O_RDWR | O_CLOEXEC);
+  if (file < 0) return nullptr;
+  struct stat st {};
+  RemoteBlock block{};
+  const bool mapped =
+      fstat(file, &st) == 0 && (m.kind == BlockKind::Target ? mapTarget(file, st, m.blockId, &block)
+                                                            : mapDmabuf(file, st, peer, m, &block));
+  close(file);
+  if (!mapped) return nullptr;
+  return &d->blocks.emplace(m.blockId, block).first->second;
 }
 
 // Where `bytes` at `address` under `rkey` lie in this process; false for a
@@ -1287,25 +1410,32 @@ bool FakeFabric::resolveRemote(FakeQp* qp, uint32_t rkey, uint64_t address, uint
   const PeerNode* peer = qp->peer;
   const uint32_t slot = rkey >> 8;
   if (rkey == 0 || slot >= peer->maxMrs) return false;
-  const SharedMr& m = peer->mrs[slot];
-  if (m.key.load(std::memory_order_acquire) != rkey) return false;
-  const uint32_t allowed = m.access.load(std::memory_order_acquire);
-  const int fd = m.blockFd.load(std::memory_order_acquire);
-  const uint64_t begin = m.address.load(std::memory_order_acquire);
-  const uint64_t length = m.length.load(std::memory_order_acquire);
-  const uint64_t id = m.blockId.load(std::memory_order_acquire);
-  const uint64_t blockAddress = m.blockAddress.load(std::memory_order_acquire);
-  if (m.key.load(std::memory_order_relaxed) != rkey) return false;  // changed under us
-  if ((allowed & static_cast<uint32_t>(access)) == 0 || !within(address, bytes, begin, length) ||
-      fd < 0) {
+  const SharedMr& s = peer->mrs[slot];
+  if (s.key.load(std::memory_order_acquire) != rkey) return false;
+  MrRecord m;
+  m.slot = slot, m.key = rkey;
+  m.access = s.access.load(std::memory_order_acquire);
+  m.kind = static_cast<BlockKind>(s.kind.load(std::memory_order_acquire));
+  m.blockFd = s.blockFd.load(std::memory_order_acquire);
+  m.address = s.address.load(std::memory_order_acquire);
+  m.length = s.length.load(std::memory_order_acquire);
+  m.blockId = s.blockId.load(std::memory_order_acquire);
+  m.blockAddress = s.blockAddress.load(std::memory_order_acquire);
+  m.fileOffset = s.fileOffset.load(std::memory_order_acquire);
+  m.inode = s.inode.load(std::memory_order_acquire);
+  if (s.key.load(std::memory_order_relaxed) != rkey) return false;  // changed under us
+  if ((m.access & static_cast<uint32_t>(access)) == 0 ||
+      !within(address, bytes, m.address, m.length) || m.blockFd < 0 ||
+      (m.kind != BlockKind::Target && m.kind != BlockKind::Dmabuf)) {
     return false;
   }
-  RemoteBlock* block = mapBlock(qp->device, peer, id, fd);
-  if (block == nullptr || block->header->released.load(std::memory_order_relaxed) != 0 ||
-      !within(address, bytes, blockAddress, block->bytes)) {
+  RemoteBlock* block = mapBlock(qp->device, peer, m);
+  if (block == nullptr ||
+      (block->header != nullptr && block->header->released.load(std::memory_order_relaxed) != 0) ||
+      !within(address, bytes, m.blockAddress, block->bytes)) {
     return false;
   }
-  *out = block->data + (address - blockAddress);
+  *out = block->data + (address - m.blockAddress);
   return true;
 }
 

@@ -16,18 +16,24 @@
 //   WRITE_WITH_IMM takes one receive posted on the peer QP and pushes the
 //   RecvWithImm completion into the peer's receive CQ after the data, so
 //   the data is visible when the completion is polled.
+// - A dma-buf region (registerDmabuf) is a range of a regular file (in
+//   braid the emulated device's memfd) whose `offset` and `address` lie
+//   at the same place in a page; anything else gives nullptr. The fake
+//   holds a dup of the fd until deregister; a peer maps the range through
+//   /proc/<pid>/fd, remote address A at file offset offset + (A - address).
 // - A WR toward a peer QP not yet in RTR waits (in order, with the WRs
 //   behind it) until it is, or until the retry time the path's timeout and
 //   retry count give (at most 10 s), then fails with RetryExcErr. Waiting
 //   WRs advance in pollCq and waitCq.
 // - Errors: a bad lkey or a local range outside its region: LocProtErr;
-//   an rkey that is unknown, deregistered, outside a target block, without
-//   the access, or a range outside its region: RemAccessErr; no receive
-//   posted for WRITE_WITH_IMM: RnrRetryExcErr at once (whatever rnrRetry
-//   says; the engine must never write without a receive); the peer QP
-//   gone or in error, or the peer process gone: RetryExcErr. Each moves
-//   the QP to ERROR: its later and waiting WRs and its posted receives
-//   complete with WrFlushErr, and nextAsyncEvent reports QpFatal once.
+//   an rkey that is unknown, deregistered, neither in a target block nor
+//   a dma-buf region, without the access, or a range outside its region:
+//   RemAccessErr; no receive posted for WRITE_WITH_IMM: RnrRetryExcErr
+//   at once (whatever rnrRetry says; the engine must never write without
+//   a receive); the peer QP gone or in error, or the peer process gone:
+//   RetryExcErr. Each moves the QP to ERROR: its later and waiting WRs
+//   and its posted receives complete with WrFlushErr, and nextAsyncEvent
+//   reports QpFatal once.
 // - Depth: a send WR holds its slot until a signaled completion at or
 //   after it is polled; a receive until its completion is polled. Beyond
 //   the depth post* return ENOMEM and post nothing of the batch; a QP not
