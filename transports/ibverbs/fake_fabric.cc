@@ -1,43 +1,20 @@
-// The fake fabric (fake_fabric.h). Its shared memory:
-//
-// Every open device is a node: a memfd named "braid-fabric:<fabric>",
-// which a peer finds by listing /proc/<pid>/fd for the pid in the GID and
-// opens through /proc/<pid>/fd/<n>. It holds a header (magic, pid,
-// layout), a QP table (per QP: number, state, receive ring and receive
-// CQ), an MR table (per key: the registered range, its access and the
-// target block or dma-buf file behind it) and an arena for CQ rings and
-// receive rings. Every allocateTarget() block is a memfd of its own, a
-// header page and then the memory, which peers map whole (and cache) on
-// first use. A dma-buf region is the caller's file, with no header: the
-// fake holds a dup of its fd, and peers map the registered range of it.
-//
-// Other processes write only to atomics on lock-free types there, and to
-// a CQ slot's payload between claiming and publishing it (release/acquire
-// on the slot's word). A CQ ring is multi-producer, single-consumer; a
-// producer claims a slot by writing its pid into the slot's word, so the
-// consumer can step over a slot whose producer died before publishing.
+// The fake fabric (fake_fabric.h): the VerbsBackend over the shared
+// memory of fake_fabric_shared.h.
 //
 // The handle types of verbs_backend.h are never defined here (another
 // backend may define them in the same binary): the fake's own types are
 // reinterpret_cast to and from them.
 #include "transports/ibverbs/fake_fabric.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -45,203 +22,26 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <unordered_map>
 #include <vector>
 
 #include "core/errors.h"
+#include "transports/ibverbs/fake_fabric_shared.h"
 
 namespace braid::transport::ibverbs {
+namespace fake_fabric {
 namespace {
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free &&
-                  std::atomic<uint32_t>::is_always_lock_free &&
-                  std::atomic<int32_t>::is_always_lock_free,
-              "the fake fabric shares atomics between processes");
-
-constexpr uint64_t kNodeMagic = 0x65646f4e6b614642ull;
-constexpr uint64_t kBlockMagic = 0x6b636f6c426b6142ull;
-constexpr uint32_t kLayoutVersion = 2;
-constexpr uint32_t kMaxQps = 1024;
-constexpr uint32_t kMaxMrs = 1u << 16;                 // keys are slot << 8 | generation
 constexpr uint64_t kArenaBytes = uint64_t{256} << 20;  // sparse: only what is used is touched
 constexpr int kMaxQpWr = 16384;
 constexpr int kMaxCqe = 65536;
 constexpr int kMaxInline = 256;
 constexpr int kGidTableLength = 4;
-constexpr size_t kMaxFabricName = 200;
 constexpr uint32_t kCorruptKeyBit = 0x80000000u;  // never set in a key handed out
-constexpr char kNodeName[] = "braid-fabric:";
-constexpr char kBlockName[] = "braid-fabric-target";
 constexpr auto kLivenessInterval = std::chrono::milliseconds(1);
 constexpr auto kMaxRetryWait = std::chrono::seconds(10);
-constexpr auto kStalledSlot = std::chrono::milliseconds(10);
 constexpr auto kWaitingPoll = std::chrono::milliseconds(1);
 constexpr int kEventCqErr = 0;  // ibv_event_type numbers
 constexpr int kEventQpFatal = 1;
-
-// ------------------------------------------------------------ shared layout
-
-struct NodeHeader {
-  std::atomic<uint64_t> magic;  // kNodeMagic once set up, 0 once closed
-  uint32_t version;
-  int32_t pid;
-  uint64_t nodeId;
-  uint64_t bytes;
-  uint64_t qpTable, mrTable, arena;  // offsets in the node
-  uint32_t maxQps, maxMrs;
-  char fabric[kMaxFabricName + 1];
-};
-
-enum class QpState : uint32_t { Reset, Init, Rtr, Rts, Error };
-
-struct alignas(64) SharedQp {
-  std::atomic<uint32_t> qpNum;             // 0: free; published last
-  std::atomic<uint32_t> state;             // QpState
-  std::atomic<uint32_t> broken;            // a writer overran this QP's receive CQ
-  std::atomic<uint32_t> recvCapacity;      // a power of two
-  std::atomic<uint64_t> recvRing, recvCq;  // offsets in the node
-  std::atomic<uint64_t> recvPosted;        // by the owner
-  std::atomic<uint64_t> recvConsumed;      // by CAS: the writer, or the owner flushing
-};
-
-// What a region's memory is, for a peer that wants to reach it.
-enum class BlockKind : uint32_t {
-  None,    // plain memory of the owner: no peer reaches it
-  Target,  // in an allocateTarget() block
-  Dmabuf,  // a registerDmabuf() file
-};
-
-// A seqlock keyed by `key`: the owner clears it before changing the fields
-// and sets it last; a reader trusts the fields only if it reads the same
-// key before and after them.
-struct alignas(64) SharedMr {
-  std::atomic<uint32_t> key;  // 0: free; lkey and rkey alike
-  std::atomic<uint32_t> access;
-  std::atomic<int32_t> blockFd;  // in the owner: the block's memfd or the dma-buf's dup; -1: none
-  std::atomic<uint32_t> kind;    // BlockKind
-  std::atomic<uint64_t> address, length;
-  // Target: the block's id and first byte in the owner. Dmabuf: an id of
-  // this registration alone, and `address`.
-  std::atomic<uint64_t> blockId, blockAddress;
-  std::atomic<uint64_t> fileOffset;  // Dmabuf: where blockAddress lies in the file
-  std::atomic<uint64_t> inode;       // Dmabuf: the file's, which a peer checks on opening it
-};
-static_assert(sizeof(SharedMr) == 64, "the MR table holds a cache line per key");
-
-struct alignas(64) CqShared {
-  std::atomic<uint64_t> tail;       // the next ticket; may lag behind a claim (others help it on)
-  std::atomic<uint64_t> capacity;   // a power of two
-  std::atomic<uint32_t> futexWord;  // bumped after every push
-  std::atomic<uint32_t> waiters;
-  std::atomic<uint32_t> overrun;
-};
-
-// A slot's word: ticket (40 bits) | producer pid (22 bits) | state (2 bits).
-// Free for ticket t, claimed for t by a pid, published for t; the consumer
-// frees it for t + capacity.
-constexpr uint64_t kTicketMask = (uint64_t{1} << 40) - 1;
-enum : uint64_t { kFree = 0, kClaimed = 1, kPublished = 2 };
-uint64_t slotWord(uint64_t ticket, uint32_t pid, uint64_t state) {
-  return (ticket & kTicketMask) << 24 | (uint64_t{pid} & 0x3fffff) << 2 | state;
-}
-uint64_t ticketOf(uint64_t word) { return word >> 24; }
-uint32_t pidOf(uint64_t word) { return static_cast<uint32_t>(word >> 2) & 0x3fffff; }
-uint64_t stateOf(uint64_t word) { return word & 3; }
-
-struct alignas(64) CqSlot {
-  std::atomic<uint64_t> word;
-  uint64_t wrId;
-  uint64_t sqIndex;  // a send completion's WR, for retiring send slots
-  uint32_t status, opcode, bytes, imm, qpNum, qpSlot;
-  uint32_t recv;  // 1: a receive completion
-};
-
-struct BlockHeader {
-  std::atomic<uint64_t> magic;
-  uint64_t id;
-  uint64_t bytes;
-  uint64_t dataOffset;
-  std::atomic<uint32_t> released;
-};
-
-struct Entry {
-  uint64_t wrId, sqIndex;
-  WcStatus status;
-  Opcode opcode;
-  uint32_t bytes, imm, qpNum, qpSlot;
-  bool recv;
-};
-
-// ------------------------------------------------------------ system bits
-
-uint64_t roundUp(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
-uint64_t pow2AtLeast(uint64_t value) {
-  uint64_t p = 1;
-  while (p < value) p <<= 1;
-  return p;
-}
-bool within(uint64_t at, uint64_t bytes, uint64_t begin, uint64_t length) {
-  return at >= begin && at - begin <= length && bytes <= length - (at - begin);
-}
-
-void futexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-void futexWait(std::atomic<uint32_t>* word, uint32_t value, Clock::duration timeout) {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::min<Clock::duration>(timeout, std::chrono::hours(1)))
-                      .count();
-  timespec relative{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  // Not FUTEX_PRIVATE: producers in other processes wake it.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, value, &relative, nullptr, 0);
-}
-
-int pidfdOpen(int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
-// A pidfd turns readable when its process has exited, zombie or reaped;
-// kill(pid, 0) would still find a zombie, so it is only the fallback.
-bool processGone(int pid, int pidfd) {
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    return poll(&p, 1, 0) > 0;
-  }
-  return kill(pid, 0) == -1 && errno == ESRCH;
-}
-bool processGone(int pid) {
-  const int fd = pidfdOpen(pid);
-  if (fd < 0) return errno == ESRCH || processGone(pid, -1);
-  const bool gone = processGone(pid, fd);
-  close(fd);
-  return gone;
-}
-
-// ------------------------------------------------------------ GIDs
-
-// Index 0: fe80::0000:00ff:fe<pid>, the EUI-64 of MAC 02:00:00:<pid>;
-// index 1: ::ffff:10.<pid>. Pids are below 2^22, so 24 bits hold them.
-Gid makeGid(int index, int pid) {
-  Gid gid;
-  auto& r = gid.raw;
-  if (index == 0) {
-    r[0] = 0xfe, r[1] = 0x80, r[11] = 0xff, r[12] = 0xfe;
-  } else if (index == 1) {
-    r[10] = 0xff, r[11] = 0xff, r[12] = 10;
-  } else {
-    return gid;  // unused entries read as zero, as on hardware
-  }
-  r[13] = static_cast<uint8_t>(pid >> 16), r[14] = static_cast<uint8_t>(pid >> 8);
-  r[15] = static_cast<uint8_t>(pid);
-  return gid;
-}
-int pidOfGid(const Gid& gid) {
-  const int pid = gid.raw[13] << 16 | gid.raw[14] << 8 | gid.raw[15];
-  return pid > 0 && (gid == makeGid(0, pid) || gid == makeGid(1, pid)) ? pid : -1;
-}
-std::string gidText(const Gid& gid) {
-  std::string out;
-  for (int i = 0; i < 16; i += 2)
-    out += format(i ? ":%02x%02x" : "%02x%02x", gid.raw[i], gid.raw[i + 1]);
-  return out;
-}
 
 // ------------------------------------------------------------ process state
 
@@ -260,7 +60,6 @@ struct ProcessState {
   std::mutex mutex;
   std::map<uintptr_t, Block> blocks;  // by their first byte
   std::atomic<uint32_t> qpNums{0};
-  std::atomic<uint64_t> ids{0};
   std::atomic<uint64_t> faultCount{0};  // send WRs of backends with a fault spec
 };
 ProcessState& processState() {
@@ -271,9 +70,6 @@ ProcessState& processState() {
     return created;
   }();
   return *state;
-}
-uint64_t newId() {
-  return uint64_t(static_cast<uint32_t>(getpid())) << 32 | (processState().ids.fetch_add(1) + 1);
 }
 
 // First-fit ranges of a node's arena, in the owner's private memory.
@@ -314,44 +110,6 @@ class Arena {
 
 // ------------------------------------------------------------ the handles
 
-// Another process's node (or this process's, for a QP connected within it).
-struct PeerNode {
-  int pid = 0;
-  int pidfd = -1;
-  bool self = false;
-  bool gone = false;
-  uint64_t nodeId = 0;
-  uint8_t* base = nullptr;
-  uint64_t bytes = 0;
-  NodeHeader* header = nullptr;
-  SharedQp* qps = nullptr;
-  SharedMr* mrs = nullptr;
-  uint32_t maxQps = 0, maxMrs = 0;
-  Clock::time_point nextCheck{};
-  int users = 0;  // QPs connected to it
-};
-
-// A peer's target block or dma-buf region, mapped here. `data` is the
-// byte at the peer's blockAddress.
-struct RemoteBlock {
-  uint8_t* mapping;
-  uint64_t mapBytes;
-  uint8_t* data;
-  uint64_t bytes;
-  BlockHeader* header;  // nullptr for a dma-buf region, which has none
-  uint64_t nodeId;      // a dma-buf region's: unmapped once this key is gone from that node
-  uint32_t slot, key;
-};
-
-// A region's SharedMr as a reader found it under its key, or as its
-// owner publishes it.
-struct MrRecord {
-  uint32_t slot = 0, key = 0, access = 0;
-  BlockKind kind = BlockKind::None;
-  int blockFd = -1;
-  uint64_t address = 0, length = 0, blockId = 0, blockAddress = 0, fileOffset = 0, inode = 0;
-};
-
 struct FakeQp;
 struct FakeCq;
 struct FakeDevice;
@@ -365,8 +123,9 @@ struct FakeMr {
 };
 
 struct FakeDevice {
-  std::string fabric;
-  int pid = 0;
+  explicit FakeDevice(const std::string& fabric) : pid(getpid()), peers(fabric, pid) {}
+
+  int pid;
   int memfd = -1;
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
@@ -381,22 +140,16 @@ struct FakeDevice {
   std::set<FakeCq*> cqs;
   std::set<FakeMr*> mrs;
   std::deque<AsyncEvent> events;
-  std::vector<std::unique_ptr<PeerNode>> peers;
-  std::unordered_map<uint64_t, RemoteBlock> blocks;  // peers' target blocks, by id
-  std::vector<FakeQp*> waiting;                      // QPs with WRs not yet executed
+  PeerMap peers;
+  std::vector<FakeQp*> waiting;  // QPs with WRs not yet executed
 };
 
 struct FakeCq {
   FakeDevice* device;
-  uint64_t offset, arenaBytes;
-  CqShared* shared;
-  CqSlot* slots;
-  uint64_t capacity, mask;
-  uint64_t head = 0;  // the consumer's alone
+  uint64_t offset, arenaBytes;  // in the node's arena
+  CqRing ring;
   int users = 0;
   bool overrunHandled = false;
-  uint64_t stalledTicket = ~uint64_t{0};
-  Clock::time_point stalledSince{};
 };
 
 enum : uint8_t { kNoFault, kFaultRetry, kFaultRkey, kFaultFlush };
@@ -468,50 +221,9 @@ Fault parseFault(const std::string& spec) {
   return fault;
 }
 
-// ------------------------------------------------------------ CQ rings
-
-void wake(CqShared* cq) {
-  cq->futexWord.fetch_add(1, std::memory_order_seq_cst);
-  if (cq->waiters.load(std::memory_order_seq_cst) != 0) futexWake(&cq->futexWord);
-}
-
-// Claims the next slot of the ring, fills and publishes it. False when the
-// ring is full: then it is marked overrun and the completion is lost.
-bool push(CqShared* cq, CqSlot* slots, const Entry& e, uint32_t pid) {
-  const uint64_t capacity = cq->capacity.load(std::memory_order_relaxed);
-  for (;;) {
-    uint64_t t = cq->tail.load(std::memory_order_acquire);
-    CqSlot& s = slots[t & (capacity - 1)];
-    uint64_t word = s.word.load(std::memory_order_acquire);
-    if (ticketOf(word) == (t & kTicketMask)) {
-      if (stateOf(word) == kFree) {
-        if (!s.word.compare_exchange_strong(word, slotWord(t, pid, kClaimed),
-                                            std::memory_order_acq_rel)) {
-          continue;
-        }
-        uint64_t expected = t;
-        cq->tail.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel);
-        s.wrId = e.wrId, s.sqIndex = e.sqIndex, s.status = static_cast<uint32_t>(e.status);
-        s.opcode = static_cast<uint32_t>(e.opcode), s.bytes = e.bytes, s.imm = e.imm;
-        s.qpNum = e.qpNum, s.qpSlot = e.qpSlot, s.recv = e.recv;
-        s.word.store(slotWord(t, 0, kPublished), std::memory_order_release);
-        wake(cq);
-        return true;
-      }
-      cq->tail.compare_exchange_strong(t, t + 1, std::memory_order_acq_rel);  // help its claimer
-    } else if (((t - ticketOf(word)) & kTicketMask) == capacity &&
-               cq->tail.load(std::memory_order_acquire) == t) {
-      cq->overrun.store(1, std::memory_order_release);
-      wake(cq);
-      return false;
-    }
-  }
-}
-
 bool mayHold(const FakeCq* cq) {
-  return cq->slots[cq->head & cq->mask].word.load(std::memory_order_acquire) !=
-             slotWord(cq->head, 0, kFree) ||
-         (!cq->overrunHandled && cq->shared->overrun.load(std::memory_order_acquire) != 0);
+  return cq->ring.headTaken() ||
+         (!cq->overrunHandled && cq->ring.shared()->overrun.load(std::memory_order_acquire) != 0);
 }
 
 // ------------------------------------------------------------ the backend
@@ -571,15 +283,8 @@ class FakeFabric final : public VerbsBackend {
   void overrun(FakeCq* cq);
   void freeCq(FakeCq* cq);
   bool claimReceive(FakeQp* qp, uint64_t* wrId);
-  bool resolveRemote(FakeQp* qp, uint32_t rkey, uint64_t address, uint32_t bytes, int access,
-                     uint8_t** out);
   FakeMr* publishMr(FakeDevice* d, const MrRecord& record, Keys* keys);
-  RemoteBlock* mapBlock(FakeDevice* d, const PeerNode* peer, const MrRecord& m);
-  void sweepBlocks(FakeDevice* d);
-  PeerNode* mapNode(FakeDevice* d, int pid, const std::string& path);
-  PeerNode* findQp(FakeDevice* d, int pid, uint32_t qpNum, SharedQp** found);
   void retire(FakeDevice* d, const CqSlot& slot);
-  bool skipDeadProducer(FakeCq* cq, uint64_t word);
 
   const std::string fabric_;
   const Fault fault_;
@@ -626,8 +331,8 @@ Device* FakeFabric::openDevice(const std::string& name, DeviceInfo* info) {
     fail("openDevice", format("mapping %llu bytes of shared memory: %s",
                               static_cast<unsigned long long>(bytes), std::strerror(err)));
   }
-  auto* d = new FakeDevice;
-  d->fabric = fabric_, d->pid = getpid(), d->memfd = fd, d->bytes = bytes;
+  auto* d = new FakeDevice(fabric_);
+  d->memfd = fd, d->bytes = bytes;
   d->base = static_cast<uint8_t*>(base);
   d->header = reinterpret_cast<NodeHeader*>(d->base);
   d->sharedQps = reinterpret_cast<SharedQp*>(d->base + qpTable);
@@ -655,11 +360,6 @@ void FakeFabric::closeDevice(Device* device) {
   while (!d->cqs.empty()) freeCq(*d->cqs.begin());
   while (!d->mrs.empty()) deregister(as<MemoryRegion>(*d->mrs.begin()));
   for (FakePd* pd : d->pds) delete pd;
-  for (auto& peer : d->peers) {
-    munmap(peer->base, peer->bytes);
-    if (peer->pidfd >= 0) close(peer->pidfd);
-  }
-  for (auto& [id, block] : d->blocks) munmap(block.mapping, block.mapBytes);
   d->header->magic.store(0, std::memory_order_release);
   munmap(d->base, d->bytes);
   close(d->memfd);
@@ -854,19 +554,11 @@ CompletionQueue* FakeFabric::createCq(Device* device, int depth) {
     fail("createCq", format("depth %d outside 1..%d (EINVAL)", depth, kMaxCqe));
   }
   const uint64_t capacity = pow2AtLeast(static_cast<uint64_t>(depth));
-  const uint64_t bytes = sizeof(CqShared) + capacity * sizeof(CqSlot);
+  const uint64_t bytes = CqRing::bytesFor(capacity);
   const uint64_t offset = d->arena.take(bytes);
   if (offset == 0) fail("createCq", "the device's shared arena is full (ENOMEM)");
-  std::memset(d->base + offset, 0, bytes);  // nobody else sees it before a QP names it
-  auto* cq = new FakeCq;
-  cq->device = d, cq->offset = offset, cq->arenaBytes = bytes;
-  cq->shared = reinterpret_cast<CqShared*>(d->base + offset);
-  cq->slots = reinterpret_cast<CqSlot*>(cq->shared + 1);
-  cq->capacity = capacity, cq->mask = capacity - 1;
-  cq->shared->capacity.store(capacity, std::memory_order_relaxed);
-  for (uint64_t i = 0; i < capacity; ++i) {
-    cq->slots[i].word.store(slotWord(i, 0, kFree), std::memory_order_relaxed);
-  }
+  // Nobody else sees the ring before a QP names it.
+  auto* cq = new FakeCq{d, offset, bytes, CqRing(d->base + offset, capacity)};
   d->cqs.insert(cq);
   return as<CompletionQueue>(cq);
 }
@@ -898,27 +590,6 @@ void FakeFabric::retire(FakeDevice* d, const CqSlot& slot) {
   }
 }
 
-// A slot claimed but not published for kStalledSlot whose claimer has
-// died is freed, or its CQ would never deliver another completion.
-bool FakeFabric::skipDeadProducer(FakeCq* cq, uint64_t word) {
-  if (stateOf(word) != kClaimed || ticketOf(word) != (cq->head & kTicketMask)) return false;
-  const Clock::time_point now = Clock::now();
-  if (cq->stalledTicket != cq->head) {
-    cq->stalledTicket = cq->head, cq->stalledSince = now;
-    return false;
-  }
-  if (now - cq->stalledSince < kStalledSlot) return false;
-  cq->stalledSince = now;
-  const int pid = static_cast<int>(pidOf(word));
-  if (pid == cq->device->pid || !processGone(pid)) return false;
-  if (!cq->slots[cq->head & cq->mask].word.compare_exchange_strong(
-          word, slotWord(cq->head + cq->capacity, 0, kFree), std::memory_order_acq_rel)) {
-    return false;
-  }
-  ++cq->head;
-  return true;
-}
-
 // Hot path: no allocation, no system call.
 int FakeFabric::pollCq(CompletionQueue* handle, Completion* out, int max) {
   FakeCq* cq = as<FakeCq>(handle);
@@ -926,21 +597,18 @@ int FakeFabric::pollCq(CompletionQueue* handle, Completion* out, int max) {
   if (!d->waiting.empty()) advanceWaiting(d);
   int n = 0;
   while (n < max) {
-    CqSlot& s = cq->slots[cq->head & cq->mask];
-    const uint64_t word = s.word.load(std::memory_order_acquire);
-    if (word != slotWord(cq->head, 0, kPublished)) {
-      if (skipDeadProducer(cq, word)) continue;
-      break;
-    }
+    const CqSlot* s = cq->ring.front(d->pid);
+    if (s == nullptr) break;
     Completion& c = out[n++];
-    c.wrId = s.wrId, c.status = static_cast<WcStatus>(s.status);
-    c.opcode = static_cast<Opcode>(s.opcode), c.bytes = s.bytes, c.imm = s.imm;
-    c.qpNum = s.qpNum, c.vendorError = 0;
-    retire(d, s);
-    s.word.store(slotWord(cq->head + cq->capacity, 0, kFree), std::memory_order_release);
-    ++cq->head;
+    c.wrId = s->wrId, c.status = static_cast<WcStatus>(s->status);
+    c.opcode = static_cast<Opcode>(s->opcode), c.bytes = s->bytes, c.imm = s->imm;
+    c.qpNum = s->qpNum, c.vendorError = 0;
+    retire(d, *s);
+    cq->ring.pop();
   }
-  if (!cq->overrunHandled && cq->shared->overrun.load(std::memory_order_acquire) != 0) overrun(cq);
+  if (!cq->overrunHandled && cq->ring.shared()->overrun.load(std::memory_order_acquire) != 0) {
+    overrun(cq);
+  }
   return n;
 }
 
@@ -955,7 +623,7 @@ void FakeFabric::waitCq(CompletionQueue* handle, Clock::time_point until) {
   // waiters; counting ourselves first and reading the word before looking
   // at the ring means a push in between changes the word and FUTEX_WAIT
   // returns at once.
-  CqShared* s = cq->shared;
+  CqShared* s = cq->ring.shared();
   s->waiters.fetch_add(1, std::memory_order_seq_cst);
   const uint32_t word = s->futexWord.load(std::memory_order_seq_cst);
   const Clock::time_point now = Clock::now();
@@ -968,7 +636,7 @@ void FakeFabric::waitCq(CompletionQueue* handle, Clock::time_point until) {
 void FakeFabric::overrun(FakeCq* cq) {
   if (cq->overrunHandled) return;
   cq->overrunHandled = true;
-  cq->shared->overrun.store(1, std::memory_order_release);
+  cq->ring.shared()->overrun.store(1, std::memory_order_release);
   FakeDevice* d = cq->device;
   AsyncEvent event;
   event.kind = AsyncEventKind::CqError, event.code = kEventCqErr;
@@ -1077,7 +745,7 @@ void FakeFabric::toRtr(QueuePair* handle, const RemoteQp& remote, const PathOpti
                          gidText(remote.gid).c_str()));
   }
   SharedQp* r = nullptr;
-  PeerNode* peer = findQp(d, pid, remote.qpNum, &r);
+  PeerNode* peer = d->peers.findQp(pid, remote.qpNum, &r);
   if (peer == nullptr) {
     fail("toRtr", format("QP %u: no QP %u in process %d (GID %s)%s", qp->qpNum, remote.qpNum, pid,
                          gidText(remote.gid).c_str(), processGone(pid) ? ", which is gone" : ""));
@@ -1114,88 +782,6 @@ void FakeFabric::toRts(QueuePair* handle, const PathOptions& path) {
   }
   qp->state = QpState::Rts;
   qp->shared->state.store(static_cast<uint32_t>(QpState::Rts), std::memory_order_release);
-}
-
-// Scans `pid`'s nodes of this fabric (those mapped already, then its other
-// memfds) for QP `qpNum`. Set-up path: system calls are fine here.
-PeerNode* FakeFabric::findQp(FakeDevice* d, int pid, uint32_t qpNum, SharedQp** found) {
-  auto lookIn = [&](PeerNode* p) {
-    for (uint32_t i = 0; i < p->maxQps; ++i) {
-      if (qpNum != 0 && p->qps[i].qpNum.load(std::memory_order_acquire) == qpNum) {
-        *found = &p->qps[i];
-        return true;
-      }
-    }
-    return false;
-  };
-  // Nodes closed since and no longer used go first.
-  d->peers.erase(std::remove_if(d->peers.begin(), d->peers.end(),
-                                [](const std::unique_ptr<PeerNode>& p) {
-                                  if (p->users > 0 || p->header->magic.load() == kNodeMagic) {
-                                    return false;
-                                  }
-                                  munmap(p->base, p->bytes);
-                                  if (p->pidfd >= 0) close(p->pidfd);
-                                  return true;
-                                }),
-                 d->peers.end());
-  for (auto& p : d->peers) {
-    if (p->pid == pid && lookIn(p.get())) return p.get();
-  }
-  const std::string dir = format("/proc/%d/fd", pid);
-  const std::string want = std::string("/memfd:") + kNodeName + d->fabric + " (deleted)";
-  DIR* listing = opendir(dir.c_str());
-  if (listing == nullptr) return nullptr;
-  PeerNode* result = nullptr;
-  while (dirent* entry = readdir(listing)) {
-    if (entry->d_name[0] == '.') continue;
-    const std::string path = dir + "/" + entry->d_name;
-    char link[512];
-    const ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
-    if (n <= 0 || want.compare(0, std::string::npos, link, static_cast<size_t>(n)) != 0) continue;
-    PeerNode* p = mapNode(d, pid, path);
-    if (p != nullptr && lookIn(p)) {
-      result = p;
-      break;
-    }
-  }
-  closedir(listing);
-  return result;
-}
-
-PeerNode* FakeFabric::mapNode(FakeDevice* d, int pid, const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  void* base = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(NodeHeader))) {
-    base =
-        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  close(fd);
-  if (base == MAP_FAILED) return nullptr;
-  auto p = std::make_unique<PeerNode>();
-  p->base = static_cast<uint8_t*>(base), p->bytes = static_cast<uint64_t>(st.st_size);
-  p->header = reinterpret_cast<NodeHeader*>(base);
-  const NodeHeader* h = p->header;
-  // Inherited memfds of a parent process show up too: the pid tells.
-  bool fits = h->magic.load(std::memory_order_acquire) == kNodeMagic &&
-              h->version == kLayoutVersion && h->pid == pid && h->bytes <= p->bytes &&
-              std::strncmp(h->fabric, d->fabric.c_str(), sizeof h->fabric) == 0 &&
-              h->qpTable + uint64_t{h->maxQps} * sizeof(SharedQp) <= p->bytes &&
-              h->mrTable + uint64_t{h->maxMrs} * sizeof(SharedMr) <= p->bytes;
-  for (auto& known : d->peers) fits = fits && known->nodeId != h->nodeId;
-  if (!fits) {
-    munmap(base, p->bytes);
-    return nullptr;
-  }
-  p->pid = pid, p->self = pid == d->pid, p->nodeId = h->nodeId;
-  p->qps = reinterpret_cast<SharedQp*>(p->base + h->qpTable);
-  p->mrs = reinterpret_cast<SharedMr*>(p->base + h->mrTable);
-  p->maxQps = h->maxQps, p->maxMrs = h->maxMrs;
-  if (!p->self) p->pidfd = pidfdOpen(pid);
-  d->peers.push_back(std::move(p));
-  return d->peers.back().get();
 }
 
 // ------------------------------------------------------------ posting
@@ -1271,7 +857,8 @@ void FakeFabric::complete(FakeQp* qp, uint64_t index, WcStatus status) {
   const SendRequest& wr = qp->sq[index % qp->sq.size()];
   const Entry e{wr.wrId, index,     status,   wr.opcode, status == WcStatus::Success ? wr.bytes : 0,
                 0,       qp->qpNum, qp->slot, false};
-  if (!push(qp->sendCq->shared, qp->sendCq->slots, e, static_cast<uint32_t>(qp->device->pid))) {
+  const CqRing& ring = qp->sendCq->ring;
+  if (!push(ring.shared(), ring.slots(), e, static_cast<uint32_t>(qp->device->pid))) {
     overrun(qp->sendCq);
   }
 }
@@ -1302,7 +889,8 @@ void FakeFabric::flushReceives(FakeQp* qp) {
     ++c;
     const Entry e{wrId,     0,   WcStatus::WrFlushErr, Opcode::RecvWithImm, 0, 0, qp->qpNum,
                   qp->slot, true};
-    if (!push(qp->recvCq->shared, qp->recvCq->slots, e, static_cast<uint32_t>(qp->device->pid))) {
+    const CqRing& ring = qp->recvCq->ring;
+    if (!push(ring.shared(), ring.slots(), e, static_cast<uint32_t>(qp->device->pid))) {
       overrun(qp->recvCq);
     }
   }
@@ -1320,123 +908,6 @@ bool FakeFabric::claimReceive(FakeQp* qp, uint64_t* wrId) {
       return true;
     }
   }
-}
-
-// Unmaps the peers' blocks whose memory has gone: target blocks released,
-// dma-buf regions deregistered (or on a node no longer mapped).
-void FakeFabric::sweepBlocks(FakeDevice* d) {
-  auto gone = [d](const RemoteBlock& b) {
-    if (b.header != nullptr) return b.header->released.load(std::memory_order_relaxed) != 0;
-    for (const auto& p : d->peers) {
-      if (p->nodeId == b.nodeId) return p->mrs[b.slot].key.load(std::memory_order_relaxed) != b.key;
-    }
-    return true;
-  };
-  for (auto b = d->blocks.begin(); b != d->blocks.end();) {
-    if (gone(b->second)) {
-      munmap(b->second.mapping, b->second.mapBytes);
-      b = d->blocks.erase(b);
-    } else {
-      ++b;
-    }
-  }
-}
-
-// A target block's memfd, whole; false where the fd has been reused for
-// something else since (its header says so).
-bool mapTarget(int file, const struct stat& st, uint64_t id, RemoteBlock* out) {
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < sizeof(BlockHeader)) return false;
-  void* mapping = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file, 0);
-  if (mapping == MAP_FAILED) return false;
-  auto* h = static_cast<BlockHeader*>(mapping);
-  if (h->magic.load(std::memory_order_acquire) != kBlockMagic || h->id != id ||
-      h->dataOffset > size || h->bytes > size - h->dataOffset) {
-    munmap(mapping, size);
-    return false;
-  }
-  out->mapping = static_cast<uint8_t*>(mapping), out->mapBytes = size;
-  out->data = out->mapping + h->dataOffset, out->bytes = h->bytes, out->header = h;
-  return true;
-}
-
-// The registered range of a dma-buf region's file, from the page it
-// starts in. Its key still there after the open means the descriptor was
-// still the region's dup (deregister clears the key first); the inode
-// says it is the file registered.
-bool mapDmabuf(int file, const struct stat& st, const PeerNode* peer, const MrRecord& m,
-               RemoteBlock* out) {
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (peer->mrs[m.slot].key.load(std::memory_order_seq_cst) != m.key ||
-      static_cast<uint64_t>(st.st_ino) != m.inode || m.length == 0 || m.fileOffset > size ||
-      m.length > size - m.fileOffset) {
-    return false;
-  }
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t start = m.fileOffset / page * page;
-  const uint64_t bytes = m.fileOffset - start + m.length;
-  void* mapping =
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file, static_cast<off_t>(start));
-  if (mapping == MAP_FAILED) return false;
-  out->mapping = static_cast<uint8_t*>(mapping), out->mapBytes = bytes;
-  out->data = out->mapping + (m.fileOffset - start), out->bytes = m.length, out->header = nullptr;
-  out->nodeId = peer->nodeId, out->slot = m.slot, out->key = m.key;
-  return true;
-}
-
-// The peer's target block or dma-buf region `m` names, mapped here and
-// cached by the block's id, which is new for every dma-buf registration:
-// a mapping is never found for another one.
-RemoteBlock* FakeFabric::mapBlock(FakeDevice* d, const PeerNode* peer, const MrRecord& m) {
-  auto it = d->blocks.find(m.blockId);
-  if (it != d->blocks.end()) return &it->second;
-  sweepBlocks(d);
-  const int file = open(format("/proc/%d/fd/%d", peer->pid, m.blockFd).c_str(), O_RDWR | O_CLOEXEC);
-  if (file < 0) return nullptr;
-  struct stat st {};
-  RemoteBlock block{};
-  const bool mapped =
-      fstat(file, &st) == 0 && (m.kind == BlockKind::Target ? mapTarget(file, st, m.blockId, &block)
-                                                            : mapDmabuf(file, st, peer, m, &block));
-  close(file);
-  if (!mapped) return nullptr;
-  return &d->blocks.emplace(m.blockId, block).first->second;
-}
-
-// Where `bytes` at `address` under `rkey` lie in this process; false for a
-// remote access error. Hot path: no allocation once the block is mapped.
-bool FakeFabric::resolveRemote(FakeQp* qp, uint32_t rkey, uint64_t address, uint32_t bytes,
-                               int access, uint8_t** out) {
-  const PeerNode* peer = qp->peer;
-  const uint32_t slot = rkey >> 8;
-  if (rkey == 0 || slot >= peer->maxMrs) return false;
-  const SharedMr& s = peer->mrs[slot];
-  if (s.key.load(std::memory_order_acquire) != rkey) return false;
-  MrRecord m;
-  m.slot = slot, m.key = rkey;
-  m.access = s.access.load(std::memory_order_acquire);
-  m.kind = static_cast<BlockKind>(s.kind.load(std::memory_order_acquire));
-  m.blockFd = s.blockFd.load(std::memory_order_acquire);
-  m.address = s.address.load(std::memory_order_acquire);
-  m.length = s.length.load(std::memory_order_acquire);
-  m.blockId = s.blockId.load(std::memory_order_acquire);
-  m.blockAddress = s.blockAddress.load(std::memory_order_acquire);
-  m.fileOffset = s.fileOffset.load(std::memory_order_acquire);
-  m.inode = s.inode.load(std::memory_order_acquire);
-  if (s.key.load(std::memory_order_relaxed) != rkey) return false;  // changed under us
-  if ((m.access & static_cast<uint32_t>(access)) == 0 ||
-      !within(address, bytes, m.address, m.length) || m.blockFd < 0 ||
-      (m.kind != BlockKind::Target && m.kind != BlockKind::Dmabuf)) {
-    return false;
-  }
-  RemoteBlock* block = mapBlock(qp->device, peer, m);
-  if (block == nullptr ||
-      (block->header != nullptr && block->header->released.load(std::memory_order_relaxed) != 0) ||
-      !within(address, bytes, m.blockAddress, block->bytes)) {
-    return false;
-  }
-  *out = block->data + (address - m.blockAddress);
-  return true;
 }
 
 // Executes WR `index`, or leaves it (false) while the peer QP is not yet in
@@ -1495,8 +966,8 @@ bool FakeFabric::execute(FakeQp* qp, uint64_t index) {
   uint8_t* there = nullptr;
   const uint32_t rkey = fault == kFaultRkey ? wr.rkey | kCorruptKeyBit : wr.rkey;
   if ((wr.bytes > 0 || fault == kFaultRkey) &&  // zero bytes: the rkey is not checked
-      !resolveRemote(qp, rkey, wr.remoteAddr, wr.bytes, read ? kRemoteRead : kRemoteWrite,
-                     &there)) {
+      !qp->device->peers.resolve(qp->peer, rkey, wr.remoteAddr, wr.bytes,
+                                 read ? kRemoteRead : kRemoteWrite, &there)) {
     return failWith(WcStatus::RemAccessErr);
   }
   uint64_t recvWrId = 0;
@@ -1523,16 +994,18 @@ bool FakeFabric::execute(FakeQp* qp, uint64_t index) {
 }
 
 }  // namespace
+}  // namespace fake_fabric
 
 std::unique_ptr<VerbsBackend> makeFakeFabric(const FakeOptions& options) {
+  using fake_fabric::kMaxFabricName;
   if (options.fabric.size() > kMaxFabricName) {
     throw Error(ErrorCode::InvalidArgument,
                 format("fake fabric name of %zu characters: at most %zu", options.fabric.size(),
                        kMaxFabricName));
   }
-  Fault fault = parseFault(options.fault);
-  processState();  // registers the fork handler before anything is counted
-  return std::make_unique<FakeFabric>(options.fabric, fault);
+  const fake_fabric::Fault fault = fake_fabric::parseFault(options.fault);
+  fake_fabric::processState();  // registers the fork handler before anything is counted
+  return std::make_unique<fake_fabric::FakeFabric>(options.fabric, fault);
 }
 
 }  // namespace braid::transport::ibverbs
