@@ -131,6 +131,15 @@ class Device {
   // Maps another process's allocateHost() memory (its exported fd) the
   // same way. The fd stays the caller's. Throws Error(SystemError).
   virtual void* importHost(int fd, size_t bytes) = 0;
+  // A dma-buf file descriptor (the caller owns it) for the `bytes` at
+  // `base`, memory from allocate(): what a NIC registers for GPUDirect
+  // RDMA (ibv_reg_dmabuf_mr). `*offset` is where `base` lies in it.
+  // Returns -1, with `*whyNot` saying why, where this device or its driver
+  // cannot (no dma-buf support, memory a NIC cannot reach); throws
+  // Error(InvalidArgument) for memory not from allocate(). The emulated
+  // device's is the allocation's memfd, which the fake fabric registers.
+  virtual int exportDmabuf(const void* base, size_t bytes, uint64_t* offset,
+                           std::string* whyNot) = 0;
   // The device that holds `pointer`, or -1 for host memory. Cached: cheap
   // for a pointer asked about before.
   virtual int deviceOf(const void* pointer) = 0;

@@ -62,6 +62,8 @@ struct Driver {
   decltype(&::cuPointerGetAttribute) pointerGetAttribute = nullptr;
   decltype(&::cuStreamWriteValue32) streamWriteValue32 = nullptr;
   decltype(&::cuStreamBatchMemOp) streamBatchMemOp = nullptr;
+  // Optional (GPUDirect RDMA through dma-buf): null where the driver lacks it.
+  decltype(&::cuMemGetHandleForAddressRange) memGetHandleForAddressRange = nullptr;
 };
 
 // Fills `d`; returns the first entry point the driver does not have, or
@@ -101,7 +103,9 @@ const char* resolve(Driver& d) {
   get("cuPointerGetAttribute", d.pointerGetAttribute);
   get("cuStreamWriteValue32", d.streamWriteValue32);
   get("cuStreamBatchMemOp", d.streamBatchMemOp);
-  return missing;
+  const char* required = missing;
+  get("cuMemGetHandleForAddressRange", d.memGetHandleForAddressRange);
+  return required;
 }
 
 // Throws Error(SystemError) for a failed runtime call; `call` names it and
@@ -202,6 +206,11 @@ class CudaDevice final : public Device {
       if (crc != CUDA_SUCCESS)
         fail(driver_, crc, format("cuDeviceGetAttribute(GPUDirect RDMA with VMM, device %d)", d));
       device.rdmaWithVmm = rdma != 0;
+      int dmabuf = 0;
+      if (driver_.deviceGetAttribute(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d) !=
+          CUDA_SUCCESS)
+        dmabuf = 0;  // an older driver that does not know the attribute
+      device.dmabuf = dmabuf != 0 && driver_.memGetHandleForAddressRange != nullptr;
       for (int peer = 0; peer < count_; ++peer) {
         int can = 1;
         if (peer != d) {
@@ -361,6 +370,49 @@ class CudaDevice final : public Device {
            format("exportFd(%p, %zu bytes, device %d): cuMemExportToShareableHandle", base,
                   mapping.bytes, mapping.device));
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // like braid's other fds: not inherited by children
+    return fd;
+  }
+
+  // GPUDirect RDMA: the dma-buf of the whole allocation (its mapped
+  // length is a multiple of the granularity, so page-aligned).
+  int exportDmabuf(const void* base, size_t bytes, uint64_t* offset, std::string* whyNot) override {
+    Mapping mapping;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = mappings_.find(reinterpret_cast<uintptr_t>(base));
+      if (it == mappings_.end() || it->second.imported || it->second.device < 0)
+        throw Error(ErrorCode::InvalidArgument,
+                    format("braid: cuda device: exportDmabuf: %p is not the start of device "
+                           "memory from allocate()",
+                           base));
+      mapping = it->second;
+    }
+    if (bytes > mapping.bytes)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: cuda device: exportDmabuf: %zu bytes at %p, and the allocation "
+                         "has %zu",
+                         bytes, base, mapping.bytes));
+    const PerDevice& device = devices_[mapping.device];
+    if (!device.dmabuf || !device.rdmaWithVmm) {
+      *whyNot = format("device %d %s", mapping.device,
+                       !device.dmabuf ? "or its driver does not export dma-bufs"
+                                      : "cannot give NICs its cuMem memory (no GPUDirect RDMA "
+                                        "with VMM)");
+      return -1;
+    }
+    int fd = -1;
+    const CUresult rc =
+        driver_.memGetHandleForAddressRange(&fd, reinterpret_cast<CUdeviceptr>(base), mapping.bytes,
+                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (rc != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      if (driver_.getErrorName(rc, &name) != CUDA_SUCCESS) name = nullptr;
+      *whyNot = format("cuMemGetHandleForAddressRange(%zu bytes, device %d): %s", mapping.bytes,
+                       mapping.device, name ? name : std::to_string(static_cast<int>(rc)).c_str());
+      return -1;
+    }
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    *offset = 0;
     return fd;
   }
 
@@ -679,6 +731,7 @@ class CudaDevice final : public Device {
   struct PerDevice {
     int smCount = 1;
     bool rdmaWithVmm = false;  // cuMemCreate can make NIC-registrable (dma-buf) memory
+    bool dmabuf = false;       // cuMemGetHandleForAddressRange gives dma-buf fds
     std::once_flag contextOnce;
     CUcontext context = nullptr;  // the primary context, retained
     std::once_flag streamOnce;

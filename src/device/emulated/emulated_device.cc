@@ -278,6 +278,30 @@ class EmulatedDevice final : public Device {
     return copy;
   }
 
+  // Its memfd: the fake fabric maps it into peer processes, as a NIC
+  // reaches a GPU's memory through its dma-buf.
+  int exportDmabuf(const void* base, size_t bytes, uint64_t* offset, std::string*) override {
+    size_t length = 0;  // 0: not device memory from allocate()
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
+      if (it != allocations_.end() && it->second.device >= 0 && it->second.fd >= 0)
+        length = it->second.bytes;
+    }
+    if (length == 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: exportDmabuf: %p is not the start of device "
+                         "memory from allocate()",
+                         base));
+    if (bytes > length)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: emulated device: exportDmabuf: %zu bytes at %p, and the "
+                         "allocation has %zu",
+                         bytes, base, length));
+    *offset = 0;
+    return exportFd(base);
+  }
+
   void* import(int fd, size_t bytes, int device) override {
     checkDevice(device, "import");
     return importOn(fd, bytes, device);
