@@ -56,6 +56,11 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_IB_QPS_PER_CONNECTION", "int", "1",
        "QPs per connection (1 to 16); messages of 128 KiB and more are striped over them",
        "NCCL_IB_QPS_PER_CONNECTION"},
+      {"BRAID_IB_GDR", "string", "AUTO",
+       "device buffers over ibverbs: AUTO reads and writes device memory directly (GPUDirect "
+       "RDMA, dma-buf) where the GPU and the NIC allow it, else stages through page-locked host "
+       "memory; ON: GPUDirect RDMA or an error; OFF: always staged",
+       nullptr},
       {"BRAID_IB_FAKE", "string", "",
        "tests: the name of a fake fabric (shared memory) that the ibverbs transport runs over "
        "instead of libibverbs; every rank of a job names the same one",

@@ -249,6 +249,12 @@ class FakeFabric final : public VerbsBackend {
                                Keys* keys) override;
   MemoryRegion* registerDmabuf(ProtectionDomain* pd, int fd, uint64_t offset, size_t bytes,
                                uint64_t address, int access, Keys* keys) override;
+  // Host memory the fake did not allocate is reached as a dma-buf is:
+  // through its file.
+  MemoryRegion* registerMappedFile(ProtectionDomain* pd, void* address, size_t bytes, int fd,
+                                   uint64_t offset, int access, Keys* keys) override {
+    return registerDmabuf(pd, fd, offset, bytes, reinterpret_cast<uint64_t>(address), access, keys);
+  }
   void deregister(MemoryRegion* region) override;
 
   CompletionQueue* createCq(Device* device, int depth) override;

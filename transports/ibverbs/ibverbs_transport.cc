@@ -25,19 +25,6 @@ constexpr int kControlSlots = 2;
 // connections are looked at.
 constexpr std::chrono::milliseconds kWaitSlice{1};
 
-SelectOptions selectOptions(const Options& options) {
-  SelectOptions select;
-  select.hca = options.hca;
-  select.gidIndex = options.gidIndex;
-  select.sysfsRoot = options.sysfs;
-  return select;
-}
-
-std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why) {
-  if (!options.fake.empty()) return makeFakeFabric({options.fake, options.fakeFault});
-  return loadLibibverbs(why);
-}
-
 class IbTransport final : public Transport {
  public:
   IbTransport(std::unique_ptr<VerbsBackend> backend, std::unique_ptr<Transport> control, int nranks)
@@ -284,6 +271,19 @@ void IbTransport::connect(bootstrap::Bootstrap& bootstrap, const std::vector<int
 }
 
 }  // namespace
+
+SelectOptions selectOptions(const Options& options) {
+  SelectOptions select;
+  select.hca = options.hca;
+  select.gidIndex = options.gidIndex;
+  select.sysfsRoot = options.sysfs;
+  return select;
+}
+
+std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why) {
+  if (!options.fake.empty()) return makeFakeFabric({options.fake, options.fakeFault});
+  return loadLibibverbs(why);
+}
 
 void validate(const Options& options) {
   parseHcaList(options.hca);

@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "core/knobs.h"
+#include "transports/ibverbs/ib_select.h"
+#include "transports/ibverbs/verbs_backend.h"
 #include "transports/transport.h"
 
 namespace braid::transport::ibverbs {
@@ -33,7 +36,16 @@ struct Options {
   std::string sysfs = "/sys";
   std::string fake;       // BRAID_IB_FAKE: the fake fabric's name; empty: libibverbs
   std::string fakeFault;  // BRAID_IB_FAKE_FAULT
+  // BRAID_IB_GDR: device buffers read and written in device memory by the
+  // NIC (GPUDirect RDMA, dma-buf), or staged through host memory.
+  TransportUse gdr = TransportUse::Auto;
 };
+
+// The backend `options` name: the fake fabric, or libibverbs (nullptr,
+// with `*why`, where it cannot be loaded). For this folder's transports.
+std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why);
+// The device and port filter of `options`.
+SelectOptions selectOptions(const Options& options);
 
 // Checks the knobs' ranges; throws Error(InvalidArgument) naming a bad one.
 void validate(const Options& options);

@@ -214,6 +214,16 @@ class VerbsBackend {
   // cannot (the caller stages through host memory then).
   virtual MemoryRegion* registerDmabuf(ProtectionDomain* pd, int fd, uint64_t offset, size_t bytes,
                                        uint64_t address, int access, Keys* keys) = 0;
+  // Registers host memory another allocator made, a MAP_SHARED mapping of
+  // the file `fd` at `offset` (the device seam's page-locked memory, which
+  // is a memfd): libibverbs registers it by address, as registerMemory()
+  // does; the fake fabric maps the file into its peers, as it does a
+  // dma-buf, since it reaches no memory it cannot map there.
+  virtual MemoryRegion* registerMappedFile(ProtectionDomain* pd, void* address, size_t bytes,
+                                           int fd, uint64_t offset, int access, Keys* keys) {
+    (void)fd, (void)offset;
+    return registerMemory(pd, address, bytes, access, keys);
+  }
   virtual void deregister(MemoryRegion* region) = 0;
 
   virtual CompletionQueue* createCq(Device* device, int depth) = 0;
