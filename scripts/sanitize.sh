@@ -11,8 +11,9 @@
 # install and command-line checks (packaging, no code path the rest lacks)
 # and the network-fault tests over tcp and ucx (they time fault detection
 # against the timeout, and wait out many timeouts), and the ibverbs_fake.*
-# repeats of the collectives and communicator suites (the engine and the
-# fake fabric run under both in ibverbs.*). Left out under
+# and ibverbs_gdr.* repeats of the collectives, communicator and device
+# suites (the engines, the device proxy and the fake fabric run under both
+# in Ibverbs.* and ibverbs.*). Left out under
 # AddressSanitizer, to keep CI short: the tcp.* repeats (tcp's code runs
 # under it in tcp4.*, the multi-host and the staged.* tests), the ucx.*
 # repeats of the collectives (ucx_multihost_test runs every collective over
@@ -38,7 +39,7 @@ done
 [ ${#presets[@]} -gt 0 ] || presets=(asan tsan)
 
 for preset in "${presets[@]}"; do
-  exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^MultiHost\.NetworkFaults|^ucx\.UcxMultiHost\.NetworkFaults|^ibverbs_fake\.'
+  exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^MultiHost\.NetworkFaults|^ucx\.UcxMultiHost\.NetworkFaults|^ibverbs_fake\.|^ibverbs_gdr\.'
   [ "$preset" = asan ] && exclude="$exclude|^tcp\.|^Plans\..*Thousand|^ucx\.(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter)\."
   [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^Algorithms\.|^MemAllocBuffers\.|^Nccl\.ProgramWrittenForNccl|^ucx\."
   echo "sanitize: ${preset}: building"

@@ -1,8 +1,10 @@
 // The ibverbs transport's protocol engine over the fake fabric
 // (BRAID_IB_FAKE): faults the fabric injects, messages striped over several
 // QPs, knobs that ranks must set alike or within range, and the automatic
-// choice between namespace hosts. (The collectives and communicator suites
-// run over it too: ibverbs.* in tests/CMakeLists.txt.)
+// choice between namespace hosts; device buffers over it, read and written
+// by the NIC (GPUDirect RDMA) or staged. (The collectives, communicator
+// and device suites run over it too: ibverbs_fake.*, ibverbs_gdr.* and
+// ibverbs_staged.* in tests/CMakeLists.txt.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +21,8 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/introspect.h"
+#include "device/device.h"
+#include "device_support.h"
 #include "multirank.h"
 #include "netns_hosts.h"
 
@@ -54,6 +60,150 @@ void requireError(const std::function<void()>& call, ErrorCode code, const std::
     return;
   }
   require(false, "no error; expected one saying '" + needle + "'");
+}
+
+// overFakeFabric() on the emulated device, with BRAID_IB_GDR = `gdr`
+// and small device slots, so that modest counts cross many of them.
+RunOptions deviceOverFakeFabric(
+    const std::string& gdr,
+    std::function<std::vector<std::pair<std::string, std::string>>(int)> more = nullptr) {
+  RunOptions options = overFakeFabric([gdr, more](int rank) {
+    std::vector<std::pair<std::string, std::string>> knobs;
+    if (more) knobs = more(rank);
+    knobs.push_back({"BRAID_IB_GDR", gdr});
+    knobs.push_back({"BRAID_DEVICE_SLOT_BYTES", "64K"});
+    return knobs;
+  });
+  const auto enter = options.enter;
+  options.enter = [enter](int rank) {
+    enter(rank);
+    device::select("emulated");
+  };
+  return options;
+}
+
+// Device buffers between every pair reach it by `path`, and an all-reduce,
+// a broadcast from every root and a ring of sends on them are exact, at
+// counts from 1 element to many slots.
+void checkDeviceBuffers(Communicator& comm, const std::string& path) {
+  const std::vector<std::string> paths = detail::peerDevicePaths(comm);
+  for (int p = 0; p < comm.size(); ++p)
+    if (p != comm.rank())
+      require(paths[p] == path, format("rank %d's device buffers go by '%s', not '%s'", p,
+                                       paths[p].c_str(), path.c_str()));
+  const int dev = device::current()->current();
+  const int r = comm.rank(), n = comm.size();
+  TestStream stream(dev);
+  for (size_t count : {size_t{1}, size_t{1023}, (size_t{1} << 18) + 5}) {
+    std::vector<int32_t> values(count), got(count);
+    for (size_t i = 0; i < count; ++i) values[i] = static_cast<int32_t>(i % 977) * (r + 1);
+    DeviceBuffer in(dev, count * 4), out(dev, count * 4);
+    in.upload(values.data());
+    comm.allReduce(in.data(), out.data(), count, DataType::Int32, ReduceOp::Sum, stream.stream())
+        .wait();
+    std::vector<std::byte> bytes = out.download();
+    std::memcpy(got.data(), bytes.data(), count * 4);
+    for (size_t i = 0; i < count; ++i)
+      require(got[i] == static_cast<int32_t>(i % 977) * n * (n + 1) / 2,
+              format("all-reduce of %zu: element %zu is %d", count, i, got[i]));
+    for (int root = 0; root < n; ++root) {
+      comm.broadcast(in.data(), out.data(), count, DataType::Int32, root, stream.stream()).wait();
+      bytes = out.download();
+      std::memcpy(got.data(), bytes.data(), count * 4);
+      for (size_t i = 0; i < count; ++i)
+        require(got[i] == static_cast<int32_t>(i % 977) * (root + 1),
+                format("broadcast of %zu from %d: element %zu is %d", count, root, i, got[i]));
+    }
+    comm.groupStart();
+    comm.send(in.data(), count, DataType::Int32, (r + 1) % n, stream.stream());
+    comm.recv(out.data(), count, DataType::Int32, (r + n - 1) % n, stream.stream());
+    comm.groupEnd();
+    stream.synchronize();
+    bytes = out.download();
+    std::memcpy(got.data(), bytes.data(), count * 4);
+    const int from = (r + n - 1) % n;
+    for (size_t i = 0; i < count; ++i)
+      require(got[i] == static_cast<int32_t>(i % 977) * (from + 1),
+              format("send of %zu from %d: element %zu is %d", count, from, i, got[i]));
+  }
+}
+
+// The emulated device's memory is a memfd, which the fake fabric registers
+// as it would a GPU's dma-buf: the NIC writes straight into the peer's
+// device slots, and a flush READ precedes every `filled`.
+TEST(Ibverbs, DeviceBuffersGoOverGpuDirectRdmaWhereTheDeviceGivesADmabuf) {
+  for (const char* gdr : {"AUTO", "ON"})
+    runRanks(
+        3,
+        [](Communicator& comm) { checkDeviceBuffers(comm, "ibverbs: GPUDirect RDMA (dma-buf)"); },
+        deviceOverFakeFabric(gdr));
+}
+
+TEST(Ibverbs, DeviceBuffersAreStagedThroughHostMemoryUnderBraidIbGdrOff) {
+  runRanks(
+      3,
+      [](Communicator& comm) { checkDeviceBuffers(comm, "ibverbs: staged through host memory"); },
+      deviceOverFakeFabric("OFF"));
+}
+
+// A fault in rank 1's device QPs mid-loop, on either path: every rank
+// fails within 2 s of the first, the faulting rank naming the peer and
+// the work completion status, and no stream stays blocked.
+TEST(Ibverbs, AFaultOnADeviceConnectionFailsEveryRankWithinTwoSeconds) {
+  constexpr int kRanks = 3;
+  struct Failures {
+    std::atomic<int64_t> at[kRanks];
+  };
+  SharedWithRanks<Failures> failures;
+  Failures* shared = failures.operator->();
+  for (const char* gdr : {"ON", "OFF"}) {
+    for (auto& at : shared->at) at.store(0);
+    RunOptions options = deviceOverFakeFabric(gdr, [](int rank) {
+      // (No calibration at creation: the fault must hit device messages.)
+      std::vector<std::pair<std::string, std::string>> knobs = {{"BRAID_TUNING", "model"}};
+      if (rank == 1) knobs.push_back({"BRAID_IB_FAKE_FAULT", "retry@200"});
+      return knobs;
+    });
+    options.deadline = std::chrono::seconds(60);
+    runRanks(
+        kRanks,
+        [&](Communicator& comm) {
+          const int dev = device::current()->current();
+          TestStream stream(dev);
+          const size_t count = 1 << 15;
+          DeviceBuffer buffer(dev, count * 4);
+          try {
+            for (int i = 0; i < 100000; ++i)
+              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                             stream.stream())
+                  .wait();
+            require(false, "100000 all-reduces ran past the fault");
+          } catch (const Error& error) {
+            shared->at[comm.rank()].store(steady_clock::now().time_since_epoch().count());
+            const std::string what = error.what();
+            require(error.code() == ErrorCode::RemoteError || error.code() == ErrorCode::Timeout,
+                    "wrong error: " + what);
+            require(
+                what.find("peer ") != std::string::npos || what.find("rank ") != std::string::npos,
+                "no rank named: " + what);
+            if (comm.rank() == 1)
+              require(what.find("IBV_WC_RETRY_EXC_ERR") != std::string::npos,
+                      "rank 1 does not say IBV_WC_RETRY_EXC_ERR: " + what);
+            const auto before = steady_clock::now();
+            stream.synchronize();
+            require(steady_clock::now() - before < std::chrono::seconds(2),
+                    "the stream stayed blocked after the op failed");
+          }
+        },
+        options);
+    int64_t first = INT64_MAX, last = 0;
+    for (auto& at : shared->at) {
+      ASSERT_NE(at.load(), 0) << gdr << ": a rank never failed";
+      first = std::min(first, at.load());
+      last = std::max(last, at.load());
+    }
+    EXPECT_LT(std::chrono::nanoseconds(last - first), std::chrono::seconds(2)) << gdr;
+  }
 }
 
 TEST(Ibverbs, EveryPairUsesIbverbsAndAllReduceIsExactAt3Ranks) {
@@ -211,7 +361,8 @@ TEST(Ibverbs, NamingIbverbsWithoutADeviceFailsSayingWhy) {
 
 // Between namespace hosts the automatic choice takes ibverbs where every
 // rank has an active port (here the fake fabric's), shm within a host; and
-// without one tcp, or an error under BRAID_IBVERBS=ON.
+// without one tcp, or an error under BRAID_IBVERBS=ON. Device buffers
+// between the hosts follow: over ibverbs, or staged over tcp.
 TEST(Ibverbs, BetweenHostsAutoTakesIbverbsWhereEveryRankHasAPort) {
   NamespaceHosts hosts(2);
   if (!hosts.ready()) GTEST_SKIP() << hosts.why();
@@ -225,6 +376,7 @@ TEST(Ibverbs, BetweenHostsAutoTakesIbverbsWhereEveryRankHasAPort) {
     const std::string name = fabric(), which = mode;
     options.enter = [&hosts, name, which](int rank) {
       hosts.enter(rank % 2);
+      device::select("emulated");
       if (which == "fake") ::setenv("BRAID_IB_FAKE", name.c_str(), 1);
       if (which == "on") ::setenv("BRAID_IBVERBS", "ON", 1);
     };
@@ -253,6 +405,23 @@ TEST(Ibverbs, BetweenHostsAutoTakesIbverbsWhereEveryRankHasAPort) {
           std::vector<int32_t> in(1 << 16, comm.rank() + 1), out(in.size());
           comm.allReduce(in.data(), out.data(), in.size(), DataType::Int32, ReduceOp::Sum);
           for (int32_t v : out) require(v == 10, "wrong all-reduce across hosts");
+          const std::vector<std::string> paths = detail::peerDevicePaths(comm);
+          const std::string deviceAcross = which == "fake" ? "ibverbs: GPUDirect RDMA (dma-buf)"
+                                                           : "tcp: staged through host memory";
+          for (int p = 0; p < comm.size(); ++p)
+            if (p % 2 != comm.rank() % 2)
+              require(paths[p] == deviceAcross,
+                      format("rank %d's device buffers go by '%s'", p, paths[p].c_str()));
+          const int dev = device::current()->current();
+          TestStream stream(dev);
+          DeviceBuffer buffer(dev, in.size() * 4);
+          buffer.upload(in.data());
+          comm.allReduce(buffer.data(), buffer.data(), in.size(), DataType::Int32, ReduceOp::Sum,
+                         stream.stream())
+              .wait();
+          const std::vector<std::byte> bytes = buffer.download();
+          std::memcpy(out.data(), bytes.data(), bytes.size());
+          for (int32_t v : out) require(v == 10, "wrong all-reduce of device buffers across hosts");
         },
         options);
   }

@@ -109,6 +109,14 @@ class DeviceTransport {
   virtual void announceWaitingFor(int rank) = 0;
   // The rank `peer` last said it waits for, or -1.
   virtual int peerWaitsFor(int peer) const = 0;
+  // Where the connection to `peer` was reported closed because this
+  // rank's end of it broke (a failed RDMA work request) while the peer
+  // was not leaving, why; else "". The executor fails the communicator
+  // then: messages may have been lost either way.
+  virtual std::string whyBroken(int peer) const {
+    (void)peer;
+    return "";
+  }
 };
 
 }  // namespace braid::transport

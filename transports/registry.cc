@@ -18,6 +18,7 @@
 #include "transports/ucx/ucx_transport.h"
 #endif
 #if BRAID_HAVE_IBVERBS
+#include "transports/ibverbs/ibverbs_device.h"
 #include "transports/ibverbs/ibverbs_transport.h"
 #endif
 
@@ -74,35 +75,52 @@ bool anyPairTakes(const std::vector<std::string>& order, const bootstrap::Bootst
   return false;
 }
 
-// Device buffers go the way host buffers go: between ranks whose host
-// buffers take shm, through device memory both map (cuda_ipc, nvlink_p2p);
-// between ranks whose host buffers take tcp or ucx, staged over tcp. (tcp's
-// device proxy opens connections of its own through the bootstrap
-// listeners, whichever transport carries the host buffers; UCX as Debian
-// builds it has no CUDA support to stage through.) Under the automatic
-// choice ucx may fall back to tcp at wireUp(); either way it is the same
-// answer here.
-bool deviceOverTcp(const std::vector<std::string>& order, const bootstrap::Bootstrap& bootstrap,
-                   int a, int b) {
-  if (a == b) return false;
-  return isNetwork(chosen(order, bootstrap, a, b));
+// The transport that carries host buffers between `a` and `b` once wireUp()
+// made `hosts`: the automatic choice between hosts may have taken ucx or
+// ibverbs where the table says tcp (every rank alike).
+std::string hostTransport(const std::vector<std::string>& order, bool automatic,
+                          const Wiring& hosts, const bootstrap::Bootstrap& bootstrap, int a,
+                          int b) {
+  const std::string name = chosen(order, bootstrap, a, b);
+  return automatic && name == "tcp" ? hosts.acrossHosts : name;
 }
 
-// This rank's device connections from two transports, each serving some
-// peers.
+// Device buffers go the way host buffers go: between ranks whose host
+// buffers take shm, through device memory both map (cuda_ipc, nvlink_p2p);
+// between ranks whose host buffers take ibverbs, over verbs; between ranks
+// whose host buffers take tcp or ucx, staged over tcp. (tcp's device proxy
+// opens connections of its own through the bootstrap listeners, whichever
+// transport carries the host buffers; UCX as Debian builds it has no CUDA
+// support to stage through.)
+enum class DevicePath { Mapped, Ibverbs, Tcp };
+DevicePath devicePath(const std::vector<std::string>& order, bool automatic, const Wiring& hosts,
+                      const bootstrap::Bootstrap& bootstrap, int a, int b) {
+  if (a == b) return DevicePath::Mapped;
+  const std::string name = hostTransport(order, automatic, hosts, bootstrap, a, b);
+  if (name == "ibverbs") return DevicePath::Ibverbs;
+  return isNetwork(name) ? DevicePath::Tcp : DevicePath::Mapped;
+}
+
+// Whether device buffers between `a` and `b` leave device memory both map
+// (the answer is the same for any automatic choice between hosts).
+bool deviceOverNetwork(const std::vector<std::string>& order, const bootstrap::Bootstrap& bootstrap,
+                       int a, int b) {
+  return a != b && isNetwork(chosen(order, bootstrap, a, b));
+}
+
+// This rank's device connections from several transports, each serving
+// some peers.
 class CombinedDeviceTransport final : public DeviceTransport {
  public:
-  CombinedDeviceTransport(std::unique_ptr<DeviceTransport> first,
-                          std::unique_ptr<DeviceTransport> second, int nranks)
-      : first_(std::move(first)), second_(std::move(second)), byPeer_(nranks, nullptr) {
+  CombinedDeviceTransport(std::vector<std::unique_ptr<DeviceTransport>> parts, int nranks)
+      : parts_(std::move(parts)), byPeer_(nranks, nullptr) {
     for (int peer = 0; peer < nranks; ++peer)
-      byPeer_[peer] = first_->connection(peer)    ? first_.get()
-                      : second_->connection(peer) ? second_.get()
-                                                  : nullptr;
+      for (auto& part : parts_)
+        if (!byPeer_[peer] && part->connection(peer)) byPeer_[peer] = part.get();
   }
 
-  size_t slotBytes() const override { return first_->slotBytes(); }
-  int slots() const override { return first_->slots(); }
+  size_t slotBytes() const override { return parts_.front()->slotBytes(); }
+  int slots() const override { return parts_.front()->slots(); }
   DeviceConnection* connection(int peer) override {
     return byPeer_[peer] ? byPeer_[peer]->connection(peer) : nullptr;
   }
@@ -110,35 +128,32 @@ class CombinedDeviceTransport final : public DeviceTransport {
     return byPeer_[peer] ? byPeer_[peer]->path(peer) : "none";
   }
   void enqueued() override {
-    first_->enqueued();
-    second_->enqueued();
+    for (auto& part : parts_) part->enqueued();
   }
   void poll(std::vector<PeerNotice>* notices) override {
-    first_->poll(notices);
-    second_->poll(notices);
+    for (auto& part : parts_) part->poll(notices);
   }
   void announceFailure(int failedRank, bool timedOut) override {
-    first_->announceFailure(failedRank, timedOut);
-    second_->announceFailure(failedRank, timedOut);
+    for (auto& part : parts_) part->announceFailure(failedRank, timedOut);
   }
   void sayGoodbye() override {
-    first_->sayGoodbye();
-    second_->sayGoodbye();
+    for (auto& part : parts_) part->sayGoodbye();
   }
   void keepMemory() override {
-    first_->keepMemory();
-    second_->keepMemory();
+    for (auto& part : parts_) part->keepMemory();
   }
   void announceWaitingFor(int rank) override {
-    first_->announceWaitingFor(rank);
-    second_->announceWaitingFor(rank);
+    for (auto& part : parts_) part->announceWaitingFor(rank);
   }
   int peerWaitsFor(int peer) const override {
     return byPeer_[peer] ? byPeer_[peer]->peerWaitsFor(peer) : -1;
   }
+  std::string whyBroken(int peer) const override {
+    return byPeer_[peer] ? byPeer_[peer]->whyBroken(peer) : "";
+  }
 
  private:
-  std::unique_ptr<DeviceTransport> first_, second_;
+  std::vector<std::unique_ptr<DeviceTransport>> parts_;
   std::vector<DeviceTransport*> byPeer_;
 };
 
@@ -148,7 +163,7 @@ std::vector<int> mappedPeers(const std::vector<std::string>& order,
                              const bootstrap::Bootstrap& bootstrap) {
   std::vector<int> peers;
   for (int peer = 0; peer < bootstrap.size(); ++peer)
-    if (!deviceOverTcp(order, bootstrap, bootstrap.rank(), peer)) peers.push_back(peer);
+    if (!deviceOverNetwork(order, bootstrap, bootstrap.rank(), peer)) peers.push_back(peer);
   return peers;
 }
 
@@ -197,6 +212,7 @@ ibverbs::Options ibverbsOptions() {
   options.sysfs = knobText("BRAID_SYSFS");
   options.fake = knobText("BRAID_IB_FAKE");
   options.fakeFault = knobText("BRAID_IB_FAKE_FAULT");
+  options.gdr = parseTransportUse(knobText("BRAID_IB_GDR"), "BRAID_IB_GDR");
   ibverbs::validate(options);
   return options;
 }
@@ -386,6 +402,7 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
     if (order[i] == "tcp" && automatic && anyPairTakes(order, bootstrap, "tcp")) {
       created = ibverbsAcrossHosts(setup, peersOf[i]);
       if (!created) created = ucxAcrossHosts(setup, peersOf[i]);
+      if (created) wiring.acrossHosts = created->name();
     }
     if (order[i] == "tcp" && !created)
       created = tcp::create(bootstrap, peersOf[i], setup.slotBytes, setup.slots, setup.sockets,
@@ -415,29 +432,41 @@ Wiring wireUp(const Setup& setup, const std::string& preference) {
 }
 
 std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::string& preference,
-                                            device::Device& device, int deviceIndex) {
+                                            const Wiring& hosts, device::Device& device,
+                                            int deviceIndex) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
   const std::vector<std::string> order = preferenceOrder(preference);
-  auto mapped = cuda_ipc::create(bootstrap, mappedPeers(order, bootstrap), device, deviceIndex,
-                                 setup.slotBytes, setup.slots, setup.deadline);
-  // tcp's set-up is collective: every rank takes part once any pair of
-  // ranks needs it, each knowing that from the table alone.
-  std::vector<int> staged;
-  bool anyPair = false;
-  for (int a = 0; a < bootstrap.size(); ++a)
-    for (int b = a + 1; b < bootstrap.size(); ++b)
-      if (deviceOverTcp(order, bootstrap, a, b)) {
-        anyPair = true;
-        if (a == bootstrap.rank()) staged.push_back(b);
-        if (b == bootstrap.rank()) staged.push_back(a);
-      }
-  if (!anyPair) return mapped;
-  std::sort(staged.begin(), staged.end());
-  auto overTcp =
-      tcp::createDevice(bootstrap, staged, device, setup.slotBytes, setup.slots, setup.deadline);
-  if (staged.empty()) return mapped;
-  return std::make_unique<CombinedDeviceTransport>(std::move(mapped), std::move(overTcp),
-                                                   bootstrap.size());
+  const bool automatic = splitList(preference).empty();
+  std::vector<std::unique_ptr<DeviceTransport>> parts;
+  parts.push_back(cuda_ipc::create(bootstrap, mappedPeers(order, bootstrap), device, deviceIndex,
+                                   setup.slotBytes, setup.slots, setup.deadline));
+  // Each network transport's set-up is collective: every rank takes part
+  // once any pair of ranks needs it, each knowing that from the table.
+  for (const DevicePath way : {DevicePath::Ibverbs, DevicePath::Tcp}) {
+    std::vector<int> peers;
+    bool anyPair = false;
+    for (int a = 0; a < bootstrap.size(); ++a)
+      for (int b = a + 1; b < bootstrap.size(); ++b)
+        if (devicePath(order, automatic, hosts, bootstrap, a, b) == way) {
+          anyPair = true;
+          if (a == bootstrap.rank()) peers.push_back(b);
+          if (b == bootstrap.rank()) peers.push_back(a);
+        }
+    if (!anyPair) continue;
+    std::sort(peers.begin(), peers.end());
+    std::unique_ptr<DeviceTransport> created;
+    if (way == DevicePath::Tcp)
+      created =
+          tcp::createDevice(bootstrap, peers, device, setup.slotBytes, setup.slots, setup.deadline);
+#if BRAID_HAVE_IBVERBS
+    if (way == DevicePath::Ibverbs)
+      created = ibverbs::createDevice(bootstrap, peers, device, deviceIndex, setup.slotBytes,
+                                      setup.slots, ibverbsOptions(), setup.deadline);
+#endif
+    if (created && !peers.empty()) parts.push_back(std::move(created));
+  }
+  if (parts.size() == 1) return std::move(parts.front());
+  return std::make_unique<CombinedDeviceTransport>(std::move(parts), bootstrap.size());
 }
 
 std::unique_ptr<DeviceTransport> wireGraphDevice(const Setup& setup, const std::string& preference,

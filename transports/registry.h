@@ -32,6 +32,10 @@ struct Wiring {
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<Connection*> connections;  // indexed by rank; this rank's is "self"
   std::vector<std::string> names;        // transport name per rank
+  // Under the automatic choice, the transport that serves the pairs of
+  // ranks on different hosts: "tcp", "ucx" or "ibverbs" (the same on every
+  // rank).
+  std::string acrossHosts = "tcp";
 };
 
 // Collective over the communicator. `preference` is an ordered comma list
@@ -54,12 +58,15 @@ std::string ibverbsStatus();
 // Collective over the communicator: device connections to every peer, on
 // `deviceIndex` of `device`, with the FIFO shape of BRAID_DEVICE_SLOT_BYTES
 // and BRAID_DEVICE_SLOTS. Device buffers go the way host buffers go under
-// `preference` (wireUp()): to a peer whose host buffers take shm through
-// device memory both map (cuda_ipc, or nvlink_p2p within a process), to
-// one whose host buffers take tcp or ucx staged through host memory over
-// tcp.
+// `preference` (wireUp(), which made `hosts`): to a peer whose host
+// buffers take shm through device memory both map (cuda_ipc, or
+// nvlink_p2p within a process); to one whose host buffers take ibverbs
+// over verbs (GPUDirect RDMA where possible, else staged through host
+// memory; BRAID_IB_GDR); to one whose host buffers take tcp or ucx staged
+// through host memory over tcp.
 std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::string& preference,
-                                            device::Device& device, int deviceIndex);
+                                            const Wiring& hosts, device::Device& device,
+                                            int deviceIndex);
 
 // Collective over the communicator: a second set of device connections,
 // for ops captured into graphs, to the peers whose device buffers go

@@ -372,7 +372,7 @@ void Communicator::Impl::setUpDevice() {
                                deadlineAfter(knobs.timeout)};
   std::unique_ptr<transport::DeviceTransport> connections;
   try {
-    connections = transport::wireDevice(setup, knobs.transports, *device, deviceIndex);
+    connections = transport::wireDevice(setup, knobs.transports, wiring, *device, deviceIndex);
   } catch (const Error& error) {
     // Every rank throws alike: the communicator goes on for host buffers.
     if (error.code() == ErrorCode::Timeout) throw;
@@ -380,11 +380,12 @@ void Communicator::Impl::setUpDevice() {
     BRAID_WARN(Init, "device buffers cannot be used: %s", error.what());
     return;
   }
-  int direct = 0, ipc = 0, staged = 0;
+  int direct = 0, ipc = 0, verbs = 0, staged = 0;
   for (int peer = 0; peer < nranks; ++peer) {
     const std::string path = connections->path(peer);
     direct += path.rfind("nvlink_p2p", 0) == 0 ? 1 : 0;
     ipc += path.rfind("cuda_ipc", 0) == 0 ? 1 : 0;
+    verbs += path.rfind("ibverbs", 0) == 0 ? 1 : 0;
     staged += path.rfind("tcp", 0) == 0 ? 1 : 0;
   }
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
@@ -407,8 +408,8 @@ void Communicator::Impl::setUpDevice() {
   }
   BRAID_INFO(Init,
              "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p), "
-             "%d of other processes (cuda_ipc) and %d staged over tcp",
-             deviceIndex, device->name(), direct, ipc, staged);
+             "%d of other processes (cuda_ipc), %d over ibverbs and %d staged over tcp",
+             deviceIndex, device->name(), direct, ipc, verbs, staged);
 }
 
 void Communicator::Impl::throwIfFailed() const {

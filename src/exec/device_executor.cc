@@ -877,6 +877,14 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
     if (notice.gaveUp)
       failAll(peerError(notice), notice.failedRank >= 0 ? notice.failedRank : notice.peer,
               notice.timedOut);
+    else if (const std::string broke = notice.closed ? transport_->whyBroken(notice.peer) : "";
+             !broke.empty())
+      failAll(
+          Error(ErrorCode::RemoteError,
+                format("braid rank %d: %s on the device: the connection to peer %d broke: %s",
+                       rank_, ops_.empty() ? "device ops" : ops_.front().info.describe().c_str(),
+                       notice.peer, broke.c_str())),
+          notice.peer, false);
     else if (notice.closed)
       departed_.push_back({notice.peer, notice.goodbye});
     // A graph may replay any time: a peer that died fails the communicator
