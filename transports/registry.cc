@@ -456,8 +456,8 @@ std::unique_ptr<DeviceTransport> wireDevice(const Setup& setup, const std::strin
     std::sort(peers.begin(), peers.end());
     std::unique_ptr<DeviceTransport> created;
     if (way == DevicePath::Tcp)
-      created =
-          tcp::createDevice(bootstrap, peers, device, setup.slotBytes, setup.slots, setup.deadline);
+      created = tcp::createDevice(bootstrap, peers, device, deviceIndex, setup.slotBytes,
+                                  setup.slots, setup.deadline);
 #if BRAID_HAVE_IBVERBS
     if (way == DevicePath::Ibverbs)
       created = ibverbs::createDevice(bootstrap, peers, device, deviceIndex, setup.slotBytes,

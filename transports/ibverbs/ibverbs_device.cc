@@ -1,25 +1,19 @@
 #include "transports/ibverbs/ibverbs_device.h"
 
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "bootstrap/agree.h"
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/device_proxy.h"
 #include "transports/ibverbs/ib_wire.h"
 
 namespace braid::transport::ibverbs {
@@ -28,21 +22,11 @@ namespace {
 // (kTransportBase + 0 is tcp's host sockets, + 1 tcp's device sockets.)
 constexpr uint32_t kPurpose = static_cast<uint32_t>(bootstrap::Purpose::kTransportBase) + 2;
 
-// A link's host block: the four counters of device_transport.h, each on a
-// line of its own; the words the NIC writes and reads; the slots' tag and
-// length words (at most 64 slots); then, staged, the send slots and the
-// receive slots.
-constexpr size_t kSendFilled = 0;    // written by this rank's stream, read by the proxy
-constexpr size_t kSendCredit = 64;   // written by the proxy, waited on by the stream
-constexpr size_t kRecvFilled = 128;  // written by the proxy, waited on by the stream
-constexpr size_t kRecvCredit = 192;  // written by the stream, read by the proxy
-constexpr size_t kCreditIn = 256;    // the peer's NIC writes the peer's releases here
-constexpr size_t kFlushSink = 320;   // where flush READs land
-constexpr size_t kSendTags = 512;
-constexpr size_t kSendLengths = 768;
-constexpr size_t kRecvTags = 1024;
-constexpr size_t kSlotsOffset = 4096;
-constexpr int kMaxSlots = 64;
+// A link's StagingBlock: the transport's own words are the one the
+// peer's NIC writes its releases into, and where flush READs land.
+constexpr size_t kCreditIn = StagingBlock::kOwnWords;
+constexpr size_t kFlushSink = StagingBlock::kOwnWords + 64;
+constexpr int kMaxSlots = StagingBlock::kMaxSlots;
 
 // wr_ids: what the WR is, and the link it belongs to.
 enum WrKind : uint64_t { kDataWr = 1, kCreditWr = 2, kFlushWr = 3, kRecvWr = 4 };
@@ -67,50 +51,28 @@ struct CreditTarget {
   uint32_t reserved = 0;
 };
 
-uint32_t* word(std::byte* block, size_t offset) {
-  return reinterpret_cast<uint32_t*>(block + offset);
-}
 uint32_t load(const uint32_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
 uint32_t low(uint64_t counter) { return static_cast<uint32_t>(counter); }
 
-// How long a rank that leaves waits for its last messages to go out, one
-// that gives up for its last word, and a receiver for the messages a
-// peer that said goodbye counted.
-constexpr auto kDrainWait = std::chrono::seconds(10);
-constexpr auto kNoticeWait = std::chrono::milliseconds(200);
+// How long a receiver waits for the messages a peer that said goodbye
+// counted, and for the goodbye of a peer whose link broke.
 constexpr auto kArrivalWait = std::chrono::seconds(1);
 constexpr auto kBrokeGrace = std::chrono::milliseconds(100);
 
 constexpr const char* kOpening = "open its RDMA device for device buffers";
 constexpr const char* kConnecting = "connect the QPs of its device buffers";
 
-class IbDeviceTransport final : public DeviceTransport {
+class IbDeviceTransport final : public ProxiedDeviceTransport {
  public:
   IbDeviceTransport(device::Device& device, int deviceIndex, int rank, int nranks, size_t slotBytes,
                     int slots, const Options& options)
-      : device_(device),
-        deviceIndex_(deviceIndex),
-        rank_(rank),
-        slotBytes_(slotBytes),
-        slots_(static_cast<uint64_t>(slots)),
-        options_(options),
-        byPeer_(static_cast<size_t>(nranks), nullptr),
-        wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-    if (wake_ < 0)
-      throw Error(ErrorCode::SystemError,
-                  format("braid rank %d: ibverbs: eventfd: %s", rank, std::strerror(errno)));
-  }
+      : ProxiedDeviceTransport(device, deviceIndex, rank, nranks, slotBytes, slots, "ibverbs"),
+        options_(options) {}
 
   // The proxy first; then the QPs before the memory they use, the CQ, the
   // PD, the device.
   ~IbDeviceTransport() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake();
-    if (proxy_.joinable()) proxy_.join();
-    ::close(wake_);
+    stopProxy();
     if (!backend_) return;
     for (auto& link : links_)
       if (link->qp) backend_->destroyQp(link->qp);
@@ -137,7 +99,7 @@ class IbDeviceTransport final : public DeviceTransport {
       links_.push_back(std::make_unique<Link>());
       links_.back()->index = links_.size() - 1;
       links_.back()->peer = peer;
-      byPeer_[static_cast<size_t>(peer)] = links_.back().get();
+      addLink(links_.back().get());
     }
     // The device, memory and QPs, and the sockets upwards (a connect
     // never waits for the accept); then the sockets from below and the
@@ -159,99 +121,25 @@ class IbDeviceTransport final : public DeviceTransport {
     if (links_.empty()) return;
     BRAID_INFO(Init, "ibverbs: device buffers %s (%s port %d)", describePath().c_str(),
                port_.deviceName.c_str(), port_.port);
-    proxy_ = std::thread([this] { run(); });
+    startProxy();
   }
 
   // ---- DeviceTransport.
 
-  size_t slotBytes() const override { return slotBytes_; }
-  int slots() const override { return static_cast<int>(slots_); }
-
-  DeviceConnection* connection(int peer) override {
-    Link* link = byPeer_[static_cast<size_t>(peer)];
-    return link ? &link->connection : nullptr;
-  }
-
   std::string path(int peer) const override {
-    if (!byPeer_[static_cast<size_t>(peer)]) return "none";
+    if (!linkTo(peer)) return "none";
     return gdr_ ? "ibverbs: GPUDirect RDMA (dma-buf)" : "ibverbs: staged through host memory";
-  }
-
-  void enqueued() override {
-    for (auto& link : links_) {
-      link->sendsDue.store(link->connection.send.next, std::memory_order_seq_cst);
-      link->receivesDue.store(link->connection.recv.next, std::memory_order_seq_cst);
-    }
-    if (sleeping_.load(std::memory_order_seq_cst)) wake();
-  }
-
-  void poll(std::vector<PeerNotice>* notices) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    notices->insert(notices->end(), heard_.begin(), heard_.end());
-    heard_.clear();
-  }
-
-  void announceFailure(int failedRank, bool timedOut) override {
-    Frame frame;
-    frame.kind = Frame::Failure;
-    frame.value = failedRank;
-    frame.timedOut = timedOut ? 1 : 0;
-    std::unique_lock<std::mutex> lock(mutex_);
-    quiet_ = true;  // the streams were released: nothing they write means anything now
-    for (auto& link : links_) queue(*link, frame);
-    lock.unlock();
-    wake();
-    // A peer trusts this rank's released streams only once it heard that
-    // this rank gave up: a socket that takes no last word is shut instead.
-    lock.lock();
-    if (!changed_.wait_for(lock, kNoticeWait, [&] { return allShut(); }))
-      for (auto& link : links_)
-        if (!link->shut) ::shutdown(link->socket.fd(), SHUT_RDWR);
-  }
-
-  void sayGoodbye() override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (auto& link : links_) link->goodbyeDue = true;
-    lock.unlock();
-    wake();
-    lock.lock();
-    if (!changed_.wait_for(lock, kDrainWait, [&] { return allShut(); }))
-      BRAID_WARN(Exec,
-                 "braid rank %d: ibverbs: device messages to some peer were still not sent after "
-                 "%lld s; leaving without them",
-                 rank_, static_cast<long long>(kDrainWait.count()));
-  }
-
-  void keepMemory() override { kept_ = true; }
-
-  void announceWaitingFor(int rank) override {
-    Frame frame;
-    frame.kind = Frame::WaitingFor;
-    frame.value = rank;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& link : links_) queue(*link, frame);
-    }
-    wake();
-  }
-
-  int peerWaitsFor(int peer) const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Link* link = byPeer_[static_cast<size_t>(peer)];
-    return link ? link->waitsFor : -1;
   }
 
   std::string whyBroken(int peer) const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Link* link = byPeer_[static_cast<size_t>(peer)];
-    return link ? link->brokeWhy : "";
+    const ProxyLink* link = linkTo(peer);
+    return link ? static_cast<const Link*>(link)->brokeWhy : "";
   }
 
  private:
-  struct Link {
-    size_t index = 0;  // in links_
-    int peer = -1;
-    net::Socket socket;
+  struct Link : ProxyLink {
+    size_t index = 0;                  // in links_
     std::byte* block = nullptr;        // host: counters, NIC words, tags (and staged slots)
     std::byte* deviceSlots = nullptr;  // GPUDirect: send slots, then receive slots
     std::byte* sendSlots = nullptr;
@@ -266,10 +154,6 @@ class IbDeviceTransport final : public DeviceTransport {
     uint32_t remoteSlotsRkey = 0;
     uint64_t remoteCredit = 0;  // the peer's credit word
     uint32_t remoteCreditRkey = 0;
-    DeviceConnection connection;
-    // From enqueued(): messages this rank's streams will send and receive.
-    std::atomic<uint64_t> sendsDue{0};
-    std::atomic<uint64_t> receivesDue{0};
 
     // The proxy's (mutex_ held).
     uint64_t forwarded = 0;    // messages posted to the NIC
@@ -282,24 +166,19 @@ class IbDeviceTransport final : public DeviceTransport {
     bool flushing = false;     // a flush READ is in flight
     uint32_t arrivedTags[kMaxSlots] = {};
     std::string outbox;           // side-channel bytes not yet sent
-    bool blocked = false;         // the socket took no more: poll for POLLOUT
     std::string inbox;            // side-channel bytes of a frame not yet whole
-    bool goodbyeDue = false;      // say goodbye once every message went out
     bool lastWordQueued = false;  // a goodbye or failure is in the outbox: shut after it
-    bool shut = false;            // this rank sends nothing more
     bool closing = false;         // the peer left, or the link broke: report it soon
     Clock::time_point closingSince;
-    bool closed = false;       // reported: nothing more arrives
     bool goodbye = false;      // the peer said goodbye first...
     uint64_t goodbyeSent = 0;  // ...after sending this many messages
     bool broken = false;       // a WR failed: nothing more is posted
     std::string brokeWhy;      // ...before the peer left: why (whyBroken())
     Clock::time_point brokeSince;
-    int waitsFor = -1;
   };
 
   size_t blockBytes() const {
-    return kSlotsOffset + (gdr_ ? 0 : 2 * slotBytes_ * static_cast<size_t>(slots_));
+    return StagingBlock::kSlots + (gdr_ ? 0 : 2 * slotBytes_ * static_cast<size_t>(slots_));
   }
   size_t slotsBytes() const { return 2 * slotBytes_ * static_cast<size_t>(slots_); }
   int sendDepth() const { return 2 * static_cast<int>(slots_) + 4; }
@@ -316,18 +195,9 @@ class IbDeviceTransport final : public DeviceTransport {
     std::string why;
     backend_ = openBackend(options_, &why);
     if (!backend_) throw Error(ErrorCode::SystemError, why);
-    PortSelection selection = selectPorts(*backend_, selectOptions(options_));
-    if (selection.ports.empty()) throw Error(ErrorCode::SystemError, selection.reason);
-    port_ = selection.ports.front();
+    port_ = openFirstPort(*backend_, options_, &path_);
     verbsDevice_ = port_.device;
-    for (Device* other : selection.devices)
-      if (other != verbsDevice_) backend_->closeDevice(other);
     pd_ = backend_->allocPd(verbsDevice_);
-    path_.port = port_.port;
-    path_.gidIndex = port_.gidIndex;
-    path_.mtu = port_.mtu;
-    path_.timeout = options_.timeout;
-    path_.retryCount = options_.retryCount;
     chooseSlots();
     const int64_t depth = static_cast<int64_t>(links_.size()) * (sendDepth() + receives()) +
                           static_cast<int64_t>(links_.size()) + 2;
@@ -394,22 +264,10 @@ class IbDeviceTransport final : public DeviceTransport {
       if (std::string why = registerDeviceSlots(link); !why.empty())
         throw Error(ErrorCode::SystemError, why);
     }
-    std::byte* slots = gdr_ ? link.deviceSlots : link.block + kSlotsOffset;
+    std::byte* slots = gdr_ ? link.deviceSlots : link.block + StagingBlock::kSlots;
     link.sendSlots = slots;
     link.recvSlots = slots + slotBytes_ * static_cast<size_t>(slots_);
-
-    DeviceConnection& c = link.connection;
-    std::byte* b = link.block;
-    c.peer = link.peer;
-    c.send.slots = link.sendSlots;
-    c.send.tags = word(b, kSendTags);
-    c.send.lengths = word(b, kSendLengths);
-    c.send.filled = word(b, kSendFilled);
-    c.send.credit = word(b, kSendCredit);
-    c.recv.slots = link.recvSlots;
-    c.recv.tags = word(b, kRecvTags);
-    c.recv.filled = word(b, kRecvFilled);
-    c.recv.credit = word(b, kRecvCredit);
+    StagingBlock::wire(link.connection, link.peer, link.block, link.sendSlots, link.recvSlots);
 
     QpCaps caps;
     caps.sendDepth = sendDepth();
@@ -504,64 +362,31 @@ class IbDeviceTransport final : public DeviceTransport {
     for (size_t i = 0; i < links_.size(); ++i) byQpNum_[links_[i]->qpNum] = i;
   }
 
-  // ---- The proxy thread (mutex_ held unless it sleeps).
+  // ---- The proxy thread (mutex_ held).
 
-  void run() {
-    // Its sleeps are a few microseconds while messages are due: with the
-    // default slack of 50 us they would all be 50 us.
-    ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    try {
-      device_.setCurrent(deviceIndex_);  // writeFlagNow acts on the communicator's device
-    } catch (const Error& error) {
-      BRAID_WARN(Exec, "ibverbs: device proxy: %s", error.what());
-    }
-    std::vector<pollfd> fds;
-    int idle = 0;
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stopping_) {
-      const size_t settledBefore = settled();
-      if (turn()) {
-        idle = 0;
-        if (settled() != settledBefore) changed_.notify_all();  // (sayGoodbye, announceFailure)
-        continue;
-      }
-      fds.clear();
-      fds.push_back({wake_, POLLIN, 0});
-      for (auto& link : links_) {
-        if (link->closing) continue;  // (its socket said all it will)
-        fds.push_back({link->socket.fd(),
-                       static_cast<short>(POLLIN | (link->blocked && !link->shut ? POLLOUT : 0)),
-                       0});
-      }
-      // While messages or completions are due, look again soon (a few
-      // microseconds, growing; a millisecond once nothing came for long);
-      // otherwise sleep until a socket or enqueued() wakes this thread.
-      sleeping_.store(true, std::memory_order_seq_cst);
-      const bool due = owed();
-      if (due) sleeping_.store(false, std::memory_order_seq_cst);
-      timespec wait{0, 0};
-      if (!due)
-        wait.tv_nsec = 100'000'000;
-      else if (idle > 2000)
-        wait.tv_nsec = 1'000'000;
-      else if (idle > 4)
-        wait.tv_nsec = 1000L << std::min(idle - 4, 4);  // 2 us ... 16 us
-      ++idle;
-      lock.unlock();
-      const int ready = ::ppoll(fds.data(), fds.size(), &wait, nullptr);
-      if (ready > 0 && fds[0].revents) {
-        uint64_t count;
-        (void)!::read(wake_, &count, sizeof(count));
-      }
-      lock.lock();
-      sleeping_.store(false, std::memory_order_seq_cst);
-      if (ready > 0) idle = 0;
-    }
+  void queueFailure(ProxyLink& link, int failedRank, bool timedOut) override {
+    Frame frame;
+    frame.kind = Frame::Failure;
+    frame.value = failedRank;
+    frame.timedOut = timedOut ? 1 : 0;
+    queue(static_cast<Link&>(link), frame);
+  }
+
+  void queueWaitingFor(ProxyLink& link, int rank) override {
+    Frame frame;
+    frame.kind = Frame::WaitingFor;
+    frame.value = rank;
+    queue(static_cast<Link&>(link), frame);
+  }
+
+  // A link's socket said all it will once the link is closing.
+  bool listening(const ProxyLink& link) const override {
+    return !static_cast<const Link&>(link).closing;
   }
 
   // Whether the proxy must look again soon: messages or credit the
   // streams will write, messages they wait for, WRs in flight.
-  bool owed() const {
+  bool owed() const override {
     for (const auto& link : links_) {
       if (link->closed) continue;
       if (link->closing || link->broken || !link->outbox.empty()) return true;
@@ -576,7 +401,7 @@ class IbDeviceTransport final : public DeviceTransport {
     return false;
   }
 
-  bool turn() {
+  bool turn() override {
     bool moved = pollCompletions();
     for (auto& link : links_) {
       if (!link->closing) moved |= receiveWords(*link);
@@ -713,7 +538,8 @@ class IbDeviceTransport final : public DeviceTransport {
       ++link.forwarded;
       moved = true;
     }
-    if (const uint32_t credit = load(word(link.block, kCreditIn)); credit != link.creditSeen) {
+    if (const uint32_t credit = load(StagingBlock::word(link.block, kCreditIn));
+        credit != link.creditSeen) {
       device_.writeFlagNow(c.send.credit, credit);
       link.creditSeen = credit;
       moved = true;
@@ -875,23 +701,6 @@ class IbDeviceTransport final : public DeviceTransport {
     return moved;
   }
 
-  void wake() {
-    const uint64_t one = 1;
-    (void)!::write(wake_, &one, sizeof(one));
-  }
-
-  // Links on which this rank sends nothing more.
-  size_t settled() const {
-    return static_cast<size_t>(std::count_if(
-        links_.begin(), links_.end(), [](const auto& link) { return link->shut || link->closed; }));
-  }
-  bool allShut() const { return settled() == links_.size(); }
-
-  device::Device& device_;
-  const int deviceIndex_;
-  const int rank_;
-  const size_t slotBytes_;
-  const uint64_t slots_;
   const Options options_;
   std::unique_ptr<VerbsBackend> backend_;
   UsablePort port_;
@@ -904,18 +713,7 @@ class IbDeviceTransport final : public DeviceTransport {
   bool gdr_ = false;
   std::string whyStaged_;
   std::vector<std::unique_ptr<Link>> links_;
-  std::vector<Link*> byPeer_;  // indexed by rank; null for peers not served here
   std::unordered_map<uint32_t, size_t> byQpNum_;
-  const int wake_;                     // eventfd: enqueued() and the side channel wake the proxy
-  std::atomic<bool> sleeping_{false};  // the proxy sleeps with no message due
-  std::atomic<bool> kept_{false};      // keepMemory(): the memory is never freed
-
-  mutable std::mutex mutex_;         // guards the links' proxy state and what follows
-  std::condition_variable changed_;  // a link shut or closed
-  std::vector<PeerNotice> heard_;    // for poll()
-  bool quiet_ = false;               // this rank gave up: forward nothing more
-  bool stopping_ = false;
-  std::thread proxy_;  // last: started once the rest is built
 };
 
 }  // namespace

@@ -31,11 +31,13 @@ namespace braid::transport::tcp {
 
 // Collective over the communicator (every rank calls it, also with no
 // peers): connects this rank's device FIFOs to `peers` (every peer listed
-// must list this rank too), `slots` slots of `slotBytes` each way. When
+// must list this rank too), `slots` slots of `slotBytes` each way, on
+// `deviceIndex` of `device`. When
 // any rank cannot (no page-locked memory, a socket that fails, another
 // FIFO shape), every rank throws the same Error naming that rank.
 std::unique_ptr<DeviceTransport> createDevice(bootstrap::Bootstrap& bootstrap,
                                               const std::vector<int>& peers, device::Device& device,
-                                              size_t slotBytes, int slots, net::Deadline deadline);
+                                              int deviceIndex, size_t slotBytes, int slots,
+                                              net::Deadline deadline);
 
 }  // namespace braid::transport::tcp
