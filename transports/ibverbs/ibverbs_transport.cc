@@ -48,19 +48,9 @@ class IbTransport final : public Transport {
   // completions, and each peer's end in INIT.
   void open(const Options& options, const std::vector<int>& peers, size_t slotBytes, int slots,
             int rank) {
-    PortSelection selection = selectPorts(*backend_, selectOptions(options));
-    if (selection.ports.empty()) fail(ErrorCode::SystemError, rank, selection.reason);
-    // The first port serves every peer; the other devices are not used.
-    port_ = selection.ports.front();
+    port_ = openFirstPort(*backend_, options, &path_);
     device_ = port_.device;
-    for (Device* device : selection.devices)
-      if (device != device_) backend_->closeDevice(device);
     pd_ = backend_->allocPd(device_);
-    path_.port = port_.port;
-    path_.gidIndex = port_.gidIndex;
-    path_.mtu = port_.mtu;
-    path_.timeout = options.timeout;
-    path_.retryCount = options.retryCount;
     const int qps = options.qpsPerConnection;
     // Every completion the QPs can have outstanding: their send queues and
     // their receives.
@@ -283,6 +273,20 @@ SelectOptions selectOptions(const Options& options) {
 std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why) {
   if (!options.fake.empty()) return makeFakeFabric({options.fake, options.fakeFault});
   return loadLibibverbs(why);
+}
+
+UsablePort openFirstPort(VerbsBackend& backend, const Options& options, PathOptions* path) {
+  PortSelection selection = selectPorts(backend, selectOptions(options));
+  if (selection.ports.empty()) throw Error(ErrorCode::SystemError, selection.reason);
+  const UsablePort port = selection.ports.front();
+  for (Device* device : selection.devices)
+    if (device != port.device) backend.closeDevice(device);
+  path->port = port.port;
+  path->gidIndex = port.gidIndex;
+  path->mtu = port.mtu;
+  path->timeout = options.timeout;
+  path->retryCount = options.retryCount;
+  return port;
 }
 
 void validate(const Options& options) {

@@ -46,6 +46,11 @@ struct Options {
 std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why);
 // The device and port filter of `options`.
 SelectOptions selectOptions(const Options& options);
+// The first port `options` admit, its device open (the caller closes it)
+// and every other device closed; `*path` set for it (port, GID index, MTU,
+// BRAID_IB_TIMEOUT, BRAID_IB_RETRY_CNT). Throws Error(SystemError) saying
+// why there is none. The first port serves every peer.
+UsablePort openFirstPort(VerbsBackend& backend, const Options& options, PathOptions* path);
 
 // Checks the knobs' ranges; throws Error(InvalidArgument) naming a bad one.
 void validate(const Options& options);
