@@ -259,6 +259,12 @@ TEST(Ibverbs, MessagesStripedOverFourQpsArriveIntact) {
             require(theirs[i] == static_cast<uint8_t>(i * 7 + from),
                     "byte " + std::to_string(i) + " of " + std::to_string(bytes));
         }
+        // The sends to the next rank (1 MiB among them) went over all four
+        // QPs.
+        const std::vector<uint64_t> lanes = detail::lanePosts(comm, (r + 1) % n);
+        require(lanes.size() == 4, format("%zu lanes to the next rank", lanes.size()));
+        for (size_t q = 0; q < lanes.size(); ++q)
+          require(lanes[q] > 0, format("QP %zu to the next rank carried no part", q));
       },
       overFakeFabric([](int) {
         return std::vector<std::pair<std::string, std::string>>{

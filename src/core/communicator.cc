@@ -1003,6 +1003,11 @@ std::vector<std::string> peerTransports(const Communicator& comm) {
   return comm.impl()->wiring.names;
 }
 
+std::vector<uint64_t> lanePosts(const Communicator& comm, int peer) {
+  if (!comm.impl() || peer < 0 || peer >= comm.size()) return {};
+  return comm.impl()->wiring.connections[peer]->lanePosts();
+}
+
 std::vector<std::string> peerDevicePaths(const Communicator& comm) {
   const Communicator::Impl* impl = comm.impl();
   if (!impl || !impl->device) return {};

@@ -24,6 +24,11 @@ std::vector<std::string> builtTransports();
 // "" when this process could use the ibverbs transport, else why not.
 std::string ibverbsStatus();
 
+// The data parts this rank posted on each lane of its connection to
+// `peer` (the QPs a verbs connection stripes over); empty where the
+// connection has one lane.
+std::vector<uint64_t> lanePosts(const Communicator& comm, int peer);
+
 // How many pieces this rank has sent as references to its memAlloc memory
 // (read in place by the peer) rather than as copies.
 uint64_t piecesSentByReference(const Communicator& comm);

@@ -175,7 +175,15 @@ void IbConnection::postSend(uint32_t bytes, uint32_t tag) {
     sentParts_[slot * kMaxQps + j] = {q, qp.posted};
     if (!post(qp, request, false)) return;
     ++partCount_[slot];
+    ++qp.dataParts;
   }
+}
+
+std::vector<uint64_t> IbConnection::lanePosts() const {
+  std::vector<uint64_t> posts;
+  if (qps_.size() > 1)
+    for (const Qp& qp : qps_) posts.push_back(qp.dataParts);
+  return posts;
 }
 
 bool IbConnection::post(Qp& qp, SendRequest request, bool signal) {
