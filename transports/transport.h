@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/error.h"
 #include "core/memory.h"
 
 namespace braid::transport {
@@ -146,5 +147,24 @@ class Transport {
   // The peer whose connection failed, after progress() threw; -1 if none.
   virtual int failedPeer() const { return -1; }
 };
+
+// For transports whose connections keep their first failure (ucx,
+// ibverbs): throws Error(SystemError, own) when the transport itself
+// failed (own not empty; *failedPeer = -1), else Error(RemoteError) with
+// the first connection's failure, *failedPeer its peer. Returns when
+// nothing failed. Each element of `connections` points to something with
+// peer() and failure().
+template <typename Connections>
+void throwFirstFailure(const std::string& own, const Connections& connections, int* failedPeer) {
+  if (!own.empty()) {
+    *failedPeer = -1;
+    throw Error(ErrorCode::SystemError, own);
+  }
+  for (const auto& connection : connections)
+    if (!connection->failure().empty()) {
+      *failedPeer = connection->peer();
+      throw Error(ErrorCode::RemoteError, connection->failure());
+    }
+}
 
 }  // namespace braid::transport

@@ -175,16 +175,7 @@ class IbTransport final : public Transport {
   }
 
   void throwIfFailed() {
-    if (!shared_.anyFailure) return;
-    if (!failure_.empty()) {
-      failedPeer_ = -1;
-      throw Error(ErrorCode::SystemError, failure_);
-    }
-    for (auto& connection : connections_)
-      if (!connection->failure().empty()) {
-        failedPeer_ = connection->peer();
-        throw Error(ErrorCode::RemoteError, connection->failure());
-      }
+    if (shared_.anyFailure) throwFirstFailure(failure_, connections_, &failedPeer_);
   }
 
   std::unique_ptr<VerbsBackend> backend_;

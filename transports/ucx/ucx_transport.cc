@@ -195,16 +195,7 @@ class UcxTransport final : public Transport {
   static constexpr std::chrono::nanoseconds kPause{100000};
 
   void throwIfFailed() {
-    if (!shared_.anyFailure) return;
-    if (!failure_.empty()) {
-      failedPeer_ = -1;
-      throw Error(ErrorCode::SystemError, failure_);
-    }
-    for (auto& connection : connections_)
-      if (!connection->failure().empty()) {
-        failedPeer_ = connection->peer();
-        throw Error(ErrorCode::RemoteError, connection->failure());
-      }
+    if (shared_.anyFailure) throwFirstFailure(failure_, connections_, &failedPeer_);
   }
 
   std::unique_ptr<Worker> worker_;  // destroyed first, explicitly (see the destructor)
