@@ -22,7 +22,9 @@
 #      driving two ranks on the GPU (-g 2), on FIFOs and in windows;
 #      then device buffers staged through host memory over tcp
 #      (BRAID_TRANSPORT=tcp: stream waits on flags in page-locked host
-#      memory that tcp's proxy writes), 8 B to 64 MiB at 2 ranks; and
+#      memory that tcp's proxy writes), 8 B to 64 MiB at 2 ranks; the same
+#      over the ibverbs engine on the fake fabric (the GPU's dma-buf export
+#      runs, then the slots are staged, which the info line says); and
 #      benchmarks/gpu_compare.sh: braid and NVIDIA's NCCL (the toolkit's
 #      libnccl.so.2) running the same NCCL-API program on every collective,
 #      1 rank, a rank per GPU where there are several, and braid alone with
@@ -175,6 +177,13 @@ main() {
   # Device buffers staged through host memory over tcp, as between hosts.
   step tcp-staged-n2-bfloat16 240 env BRAID_TRANSPORT=tcp "$bin/braid-run" -n 2 \
     "$bin/braid-perf" allreduce -G 1 -d bfloat16 -b 8 -e 64M -f 8 -J "$logs/tcp-staged.json"
+  # Device buffers over the ibverbs engine on the fake fabric (no RDMA NIC
+  # needed): the GPU's dma-buf export runs (Device::exportDmabuf); the fake
+  # cannot map a real dma-buf, so the slots are staged through page-locked
+  # host memory, and the info line says so.
+  step ibverbs-fake-n2-bfloat16 240 env BRAID_TRANSPORT=ibverbs BRAID_IB_FAKE=gpucheck \
+    BRAID_LOG_LEVEL=info BRAID_LOG_SUBSYS=init "$bin/braid-run" -n 2 "$bin/braid-perf" allreduce \
+    -G 1 -d bfloat16 -b 8 -e 64M -f 8 -J "$logs/ibverbs-fake.json"
   if [ ${#programs[@]} -gt 0 ]; then
     step gpu-compare 300 env SIZES="-b 8 -e 128M -f 64" ITERS="-n 20 -w 5" TYPE=bfloat16 \
       benchmarks/gpu_compare.sh "$build"
