@@ -209,7 +209,7 @@ int printPeers() {
   std::vector<std::string> matrix = gatherText(comm, row, kTransportWidth);
   // Device paths: every rank has some, or none has (the communicator then
   // has no device connections at all).
-  constexpr size_t kPathWidth = 32;
+  constexpr size_t kPathWidth = 48;  // "cuda_ipc: staged through host memory" and more
   std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
   if (paths.empty()) paths.assign(static_cast<size_t>(n), "");
   std::vector<std::string> pathMatrix = gatherText(comm, paths, kPathWidth);
