@@ -170,8 +170,9 @@ void ProxiedDeviceTransport::run() {
                      static_cast<short>(POLLIN | (link->blocked && !link->shut ? POLLOUT : 0)), 0});
     }
     // While something is owed, look again soon (a few microseconds,
-    // growing; a millisecond once nothing came for long); otherwise sleep
-    // until a socket or enqueued() wakes this thread.
+    // growing; 100 us once nothing came for some 30 ms, as while a stream
+    // runs a long kernel before its collective); otherwise sleep until a
+    // socket or enqueued() wakes this thread.
     sleeping_.store(true, std::memory_order_seq_cst);
     const bool due = owed();
     if (due) sleeping_.store(false, std::memory_order_seq_cst);
@@ -179,7 +180,7 @@ void ProxiedDeviceTransport::run() {
     if (!due)
       wait.tv_nsec = 100'000'000;
     else if (idle > 2000)
-      wait.tv_nsec = 1'000'000;
+      wait.tv_nsec = 100'000;
     else if (idle > 4)
       wait.tv_nsec = 1000L << std::min(idle - 4, 4);  // 2 us ... 16 us
     ++idle;

@@ -390,7 +390,7 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
     for (const auto& link : links_) {
       if (link->closed) continue;
       if (link->closing || link->broken || !link->outbox.empty()) return true;
-      if (quiet_ || link->broken) continue;
+      if (quiet_) continue;
       if (link->outstanding > 0 || link->flushing) return true;
       if (link->forwarded < link->sendsDue.load(std::memory_order_seq_cst) ||
           link->creditSent != low(link->receivesDue.load(std::memory_order_seq_cst)) ||
