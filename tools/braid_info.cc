@@ -2,6 +2,7 @@
 //
 //   braid-info            version, build features, transports, host, interfaces
 //   braid-info --config   every knob with its effective value and its source
+//   braid-info --config --markdown   the knob table as a Markdown page (docs/knobs.md)
 //   braid-info --peers    (under braid-run) the transport between every pair of ranks
 //   braid-info --tuning   the algorithm braid picks per collective and size, and the
 //                         time the cost model predicts for it
@@ -39,9 +40,12 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: braid-info [--config | --peers | --tuning [--ranks N] [--transport T] [--measure]]\n"
+    "usage: braid-info [--config [--markdown] | --peers |\n"
+    "                   --tuning [--ranks N] [--transport T] [--measure]]\n"
     "  (no option)  version, build features, transports, host identity, interfaces\n"
-    "  --config     every knob with its effective value, its source and what it does\n"
+    "  --config     every knob with its effective value, its source and what it does;\n"
+    "               with --markdown, the knob table alone (no values: the same on every\n"
+    "               machine) as the Markdown page docs/knobs.md\n"
     "  --peers      run under braid-run -n N: the transport each rank uses to reach each\n"
     "               other rank\n"
     "  --tuning     for each collective and size (8 B to 1 GiB of float32), the algorithm\n"
@@ -178,6 +182,38 @@ int printConfig() {
   return 0;
 }
 
+// Text for a Markdown table cell: characters that would end the cell or
+// start markup are escaped.
+std::string markdownCell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|' || c == '\\' || c == '*' || c == '`' || c == '<' || c == '>') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// The knob table as the page docs/knobs.md. Reads the table only, never the
+// environment, so every machine prints the same page.
+int printConfigMarkdown() {
+  std::printf(
+      "# Knobs\n\n"
+      "This page is generated from braid's knob table by `braid-info --config --markdown`; "
+      "after changing the table, regenerate it with "
+      "`build/bin/braid-info --config --markdown > docs/knobs.md` "
+      "(the test `Tools.KnobsPageMatchesTheKnobTable` fails until then).\n\n"
+      "| knob | type | default | alias | what it does |\n"
+      "| --- | --- | --- | --- | --- |\n");
+  for (const braid::KnobInfo& k : braid::knobTable()) {
+    const std::string value = k.defaultValue;
+    std::printf("| `%s` | %s | %s | %s | %s |\n", k.name, k.type,
+                value.empty() ? "(empty)" : ("`" + value + "`").c_str(),
+                k.alias ? (std::string("`") + k.alias + "`").c_str() : "",
+                markdownCell(k.doc).c_str());
+  }
+  return 0;
+}
+
 // Gathers one fixed-size, NUL-padded text field per entry from every rank.
 // `mine` holds this rank's entries; the result holds size() * mine.size().
 std::vector<std::string> gatherText(braid::Communicator& comm, const std::vector<std::string>& mine,
@@ -309,6 +345,7 @@ int main(int argc, char** argv) {
   int ranks = 2;
   std::string transport = "shm";
   bool measure = false;
+  bool markdown = false;  // --config --markdown
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     Mode chosen;
@@ -339,6 +376,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--measure" && mode == Mode::Tuning) {
       measure = true;
       continue;
+    } else if (arg == "--markdown" && mode == Mode::Config) {
+      markdown = true;
+      continue;
     } else {
       std::fprintf(stderr, "braid-info: unknown option '%s'\n%s", arg.c_str(), kUsage);
       return 2;
@@ -354,7 +394,7 @@ int main(int argc, char** argv) {
       case Mode::Overview:
         return printOverview();
       case Mode::Config:
-        return printConfig();
+        return markdown ? printConfigMarkdown() : printConfig();
       case Mode::Peers:
         return printPeers();
       case Mode::Tuning:
