@@ -33,62 +33,9 @@ constexpr unsigned kUncountedTurns = 32;
 // One turn of a wait that cannot block on every transport at once.
 constexpr auto kShortSleep = std::chrono::microseconds(200);
 
-// For groups: which lane may use each connection direction now. A lane owns
-// a direction from the first to the last of its steps that use it; lanes
-// take turns in issue order.
-class Arbiter {
- public:
-  Arbiter(const Lane* lanes, size_t count, int nranks)
-      : lanes_(lanes), queues_(2 * static_cast<size_t>(nranks)), lastUse_(count) {
-    for (size_t i = 0; i < count; ++i) {
-      const auto& steps = lanes[i].plan->steps;
-      for (size_t s = 0; s < steps.size(); ++s) {
-        if (sends(steps[s].kind)) note(i, sendKey(steps[s].sendPeer), s);
-        if (receives(steps[s].kind)) note(i, recvKey(steps[s].recvPeer), s);
-      }
-    }
-  }
-
-  bool mayRun(size_t lane, const algo::Step& step) const {
-    return (!sends(step.kind) || isHead(lane, sendKey(step.sendPeer))) &&
-           (!receives(step.kind) || isHead(lane, recvKey(step.recvPeer)));
-  }
-
- private:
-  static size_t sendKey(int peer) { return 2 * static_cast<size_t>(peer); }
-  static size_t recvKey(int peer) { return 2 * static_cast<size_t>(peer) + 1; }
-
-  void note(size_t lane, size_t key, size_t step) {
-    auto& queue = queues_[key];
-    if (queue.empty() || queue.back() != lane) queue.push_back(lane);
-    for (auto& [k, last] : lastUse_[lane])
-      if (k == key) {
-        last = step;
-        return;
-      }
-    lastUse_[lane].push_back({key, step});
-  }
-
-  // One entry per direction the lane uses (at most two per peer), not per step.
-  size_t lastStep(size_t lane, size_t key) const {
-    for (const auto& [k, last] : lastUse_[lane])
-      if (k == key) return last;
-    return 0;
-  }
-
-  // The first lane in issue order that still has steps on `key`.
-  bool isHead(size_t lane, size_t key) const {
-    for (size_t other : queues_[key]) {
-      if (other == lane) return true;
-      if (lanes_[other].step <= lastStep(other, key)) return false;
-    }
-    return false;
-  }
-
-  const Lane* lanes_;
-  std::vector<std::vector<size_t>> queues_;                      // lanes per direction, issue order
-  std::vector<std::vector<std::pair<size_t, size_t>>> lastUse_;  // (direction, last step) per lane
-};
+// Each lane's scratch area starts at a multiple of this (a cache line) in
+// the executor's block.
+constexpr size_t kScratchAlignment = 64;
 
 }  // namespace
 
@@ -100,15 +47,16 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
       spinFirst_(spinFirst),
       pureSpin_(spinFirst ? kPureSpin : Clock::duration::zero()),
       referenceBytes_(referenceBytes) {
+  // Nothing to wait for on this rank's loopback: its messages are its own.
+  const transport::Transport* loopback = wiring_.transportOf[static_cast<size_t>(rank)];
   for (auto& transport : wiring_.transports) {
-    if (std::string(transport->name()) != "self") waitable_.push_back(transport.get());
+    if (transport.get() != loopback) waitable_.push_back(transport.get());
     if (!transport->passive()) active_.push_back(transport.get());
   }
   // A passive transport's posted message is already the peer's.
   for (size_t peer = 0; peer < wiring_.connections.size(); ++peer)
-    for (auto& transport : wiring_.transports)
-      if (!transport->passive() && wiring_.names[peer] == transport->name())
-        unflushable_.push_back({wiring_.connections[peer], static_cast<int>(peer)});
+    if (!wiring_.transportOf[peer]->passive())
+      unflushable_.push_back({wiring_.connections[peer], static_cast<int>(peer)});
 }
 
 void Activity::describe(const OpInfo& info, size_t stepCount, size_t laneCount) {
@@ -191,11 +139,10 @@ bool Executor::advance(Lane& lane) {
     throw Error(ErrorCode::Internal, "a direct step in a plan for host buffers");
   const size_t total = step.count * lane.elemSize;
   // Only the buffers a step uses are touched (non-roots may pass null ones).
-  const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
-  const bool writesDst = step.kind != StepKind::Send && step.kind != StepKind::RecvReduceSend;
+  const bool reads = readsSrc(step.kind), writes = writesDst(step.kind);
   const std::byte* src =
-      readsSrc ? bufferOf(lane, step.src) + step.srcOffset * lane.elemSize : nullptr;
-  std::byte* dst = writesDst ? bufferOf(lane, step.dst) + step.dstOffset * lane.elemSize : nullptr;
+      reads ? bufferOf(lane, step.src) + step.srcOffset * lane.elemSize : nullptr;
+  std::byte* dst = writes ? bufferOf(lane, step.dst) + step.dstOffset * lane.elemSize : nullptr;
 
   if (step.kind == StepKind::Copy || step.kind == StepKind::Reduce) {
     if (step.kind == StepKind::Reduce)
@@ -212,8 +159,8 @@ bool Executor::advance(Lane& lane) {
   bool moved = false;
   while (lane.done < total) {
     const size_t piece = std::min(pieceBytes_, total - lane.done);
-    const std::byte* mine = readsSrc ? src + lane.done : nullptr;
-    std::byte* result = writesDst ? dst + lane.done : nullptr;
+    const std::byte* mine = reads ? src + lane.done : nullptr;
+    std::byte* result = writes ? dst + lane.done : nullptr;
     const transport::Message* message = nullptr;
     if (in) {
       message = in->peekRecv();
@@ -432,17 +379,15 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   blamedTimedOut_ = false;
   // Each lane's scratch: kScratchBytes, or what its plan asks for. The area
   // only grows, so a repeated op allocates nothing.
-  auto scratchOf = [&](size_t i) {
-    return (std::max(algo::kScratchBytes, lanes[i].plan->scratchBytes) + 63) / 64 * 64;
-  };
   size_t need = 0;
-  for (size_t i = 0; i < count; ++i) need += scratchOf(i);
+  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i], kScratchAlignment);
   if (scratch_.size() < need) scratch_.resize(need);
-  for (size_t i = 0, at = 0; i < count; at += scratchOf(i), ++i)
+  for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i], kScratchAlignment), ++i)
     lanes[i].scratch = scratch_.data() + at;
-  std::unique_ptr<Arbiter> arbiter;
+  std::unique_ptr<Turns<Lane>> directions;  // whose turn it is on each, in a group
   if (count > 1)
-    arbiter = std::make_unique<Arbiter>(lanes, count, static_cast<int>(wiring_.connections.size()));
+    directions =
+        std::make_unique<Turns<Lane>>(lanes, count, static_cast<int>(wiring_.connections.size()));
   // Idle bookkeeping. The clock is first read kUncountedTurns into an idle
   // spell (at once when this rank must not spin) and then every 16th turn,
   // not on every pass.
@@ -484,7 +429,8 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
       for (size_t i = 0; i < count; ++i) {
         Lane& lane = lanes[i];
         if (lane.step == lane.plan->steps.size()) continue;
-        if (!arbiter || arbiter->mayRun(i, lane.plan->steps[lane.step])) moved |= advance(lane);
+        if (!directions || directions->mayRun(i, lane.plan->steps[lane.step]))
+          moved |= advance(lane);
         finished &= lane.step == lane.plan->steps.size();
       }
       if (finished && flushed() && allReturned()) {

@@ -17,8 +17,9 @@
 #include "algorithms/plan.h"
 #include "braid/types.h"
 #include "core/memory.h"
+#include "exec/lanes.h"
 #include "reduce/reduce.h"
-#include "transports/registry.h"
+#include "transports/wiring.h"
 
 namespace braid::exec {
 
@@ -37,21 +38,6 @@ struct OpInfo {
 
   std::string describe() const;
 };
-
-// The memory a step names, for a lane of either executor (Lane,
-// DeviceLane): its input, output or scratch area.
-template <typename AnyLane>
-std::byte* bufferOf(const AnyLane& lane, algo::Buffer buffer) {
-  switch (buffer) {
-    case algo::Buffer::Input:
-      return const_cast<std::byte*>(lane.input);
-    case algo::Buffer::Output:
-      return lane.output;
-    case algo::Buffer::Scratch:
-      return lane.scratch;
-  }
-  return nullptr;
-}
 
 struct Lane {
   const algo::Plan* plan = nullptr;

@@ -17,9 +17,9 @@ using device::FlagOp;
 static_assert(algo::kMaxDirectRanks <= device::kMaxReduceInputs,
               "a direct reduction combines every rank's buffer in one kernel");
 
-size_t scratchOf(const DeviceLane& lane) {
-  return (std::max(algo::kScratchBytes, lane.plan->scratchBytes) + 255) / 256 * 256;
-}
+// Each lane's scratch area starts at a multiple of this in the executor's
+// device memory, as device allocations do.
+constexpr size_t kScratchAlignment = 256;
 
 uint32_t low(uint64_t counter) { return static_cast<uint32_t>(counter); }
 
@@ -27,59 +27,6 @@ uint32_t low(uint64_t counter) { return static_cast<uint32_t>(counter); }
 // with nothing outstanding before it looks at the side channel anyway.
 constexpr auto kWatchTurn = std::chrono::microseconds(200);
 constexpr auto kIdleTurn = std::chrono::milliseconds(20);
-
-// For groups: a lane may use a connection direction once every earlier lane
-// is past its last step on it (the host executor's rule, decided here while
-// lowering instead of while running).
-class Turns {
- public:
-  Turns(const DeviceLane* lanes, size_t count) : lanes_(lanes), last_(count) {
-    for (size_t i = 0; i < count; ++i) {
-      const auto& steps = lanes[i].plan->steps;
-      for (size_t s = 0; s < steps.size(); ++s) {
-        if (sends(steps[s].kind)) note(i, 2 * steps[s].sendPeer, s);
-        if (receives(steps[s].kind)) note(i, 2 * steps[s].recvPeer + 1, s);
-      }
-    }
-  }
-
-  // Whether `lane` may lower a piece of `step` now: its directions are its
-  // own (every earlier lane is done with them), and no lane used them yet
-  // in this round. One piece per direction per round keeps every rank's
-  // k-th message on a direction in round k, so a send's credit never waits
-  // for a receive of its own round.
-  bool mayRun(size_t lane, const algo::Step& step) const {
-    return (!sends(step.kind) || (free(lane, 2 * step.sendPeer) && !taken(2 * step.sendPeer))) &&
-           (!receives(step.kind) ||
-            (free(lane, 2 * step.recvPeer + 1) && !taken(2 * step.recvPeer + 1)));
-  }
-  void ran(const algo::Step& step) {
-    if (sends(step.kind)) used_.push_back(2 * step.sendPeer);
-    if (receives(step.kind)) used_.push_back(2 * step.recvPeer + 1);
-  }
-  void nextRound() { used_.clear(); }
-
- private:
-  void note(size_t lane, int key, size_t step) {
-    for (auto& [k, s] : last_[lane])
-      if (k == key) {
-        s = step;
-        return;
-      }
-    last_[lane].push_back({key, step});
-  }
-  bool taken(int key) const { return std::find(used_.begin(), used_.end(), key) != used_.end(); }
-  bool free(size_t lane, int key) const {
-    for (size_t other = 0; other < lane; ++other)
-      for (const auto& [k, s] : last_[other])
-        if (k == key && lanes_[other].step <= s) return false;
-    return true;
-  }
-
-  const DeviceLane* lanes_;
-  std::vector<std::vector<std::pair<int, size_t>>> last_;  // (direction, last step) per lane
-  std::vector<int> used_;                                  // directions used in this round
-};
 
 }  // namespace
 
@@ -177,7 +124,7 @@ device::EventHandle DeviceExecutor::takeEvent() {
 
 void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count) {
   size_t need = 0;
-  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
+  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i], kScratchAlignment);
   if (need > scratchBytes_) {
     // Ops in flight may still use the old area: it is freed once none is
     // left (by the watchdog), never waited for here.
@@ -189,7 +136,7 @@ void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count) {
   size_t at = 0;
   for (size_t i = 0; i < count; ++i) {
     lanes[i].scratch = scratch_ + at;
-    at += scratchOf(lanes[i]);
+    at += scratchOf(lanes[i], kScratchAlignment);
   }
 }
 
@@ -199,8 +146,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   if (failure_) throw *failure_;
   for (size_t i = 0; i < count; ++i)
     for (const algo::Step& step : lanes[i].plan->steps)
-      for (int peer :
-           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1})
+      for (int peer : peersOf(step))
         if (peer >= 0 && !reaches(peer))
           fail(ErrorCode::InvalidUsage, rank_,
                format("%s: device buffers cannot reach rank %d (no device transport serves it)",
@@ -274,8 +220,7 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
     sendsAndReceives += lanes[i].pointToPoint ? 1 : 0;
     for (const algo::Step& step : lanes[i].plan->steps) {
       anySend |= lanes[i].pointToPoint && step.kind == StepKind::Send;
-      for (int peer :
-           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1})
+      for (int peer : peersOf(step))
         if (peer >= 0 && !graphs_.transport->connection(peer))
           fail(ErrorCode::InvalidUsage, rank_,
                format("%s: the stream is being captured into a CUDA graph, and rank %d is "
@@ -296,12 +241,12 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
   // launched), shared by every captured op (replays run one at a time per
   // communicator); an area outgrown stays for the graphs that use it.
   size_t need = 0;
-  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i]);
+  for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i], kScratchAlignment);
   if (need > graphScratchBytes_) {
     graphMemory_.push_back(static_cast<std::byte*>(device_.allocate(deviceIndex_, need)));
     graphScratchBytes_ = need;
   }
-  for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i]), ++i)
+  for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i], kScratchAlignment), ++i)
     lanes[i].scratch = graphMemory_.back() + at;
 
   // Message numbers count from 0 within the op; the device counters say
@@ -400,8 +345,7 @@ void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle
   // Where every connection the op used must get to.
   for (size_t i = 0; i < count; ++i)
     for (const algo::Step& step : lanes[i].plan->steps)
-      for (int peer :
-           {sends(step.kind) ? step.sendPeer : -1, receives(step.kind) ? step.recvPeer : -1}) {
+      for (int peer : peersOf(step)) {
         if (peer < 0) continue;
         const bool known = std::any_of(op->targets.begin(), op->targets.end(),
                                        [&](const Op::Target& t) { return t.peer == peer; });
@@ -422,8 +366,10 @@ void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::Strea
     while (lane.step < lane.plan->steps.size()) lowerPiece(lane, streamOf(lane));
     return;
   }
-  // In turns: one piece of every lane that may run, until all are done.
-  Turns turns(lanes, count);
+  // In rounds: one piece of every lane whose turn it is (the host
+  // executor's rule, decided here while lowering instead of while running),
+  // until all are done.
+  Turns<DeviceLane> turns(lanes, count, nranks_);
   for (bool left = true; left;) {
     left = false;
     turns.nextRound();
@@ -432,7 +378,7 @@ void DeviceExecutor::lowerInTurns(DeviceLane* lanes, size_t count, device::Strea
       if (lane.step == lane.plan->steps.size()) continue;
       left = true;
       const algo::Step& step = lane.plan->steps[lane.step];
-      if (!turns.mayRun(i, step)) continue;
+      if (!turns.mayRunThisRound(i, step)) continue;
       turns.ran(step);  // (before lowering: lowerPiece may move to the next step)
       lowerPiece(lane, streamOf(lane));
     }
@@ -466,10 +412,9 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   if (algo::direct(step.kind)) return lowerDirect(lane, stream);
   const size_t elemSize = dataTypeSize(lane.type);
   const size_t total = step.count * elemSize;
-  const bool readsSrc = step.kind != StepKind::Recv && step.kind != StepKind::RecvCopySend;
-  const bool writesDst = step.kind != StepKind::Send && step.kind != StepKind::RecvReduceSend;
-  std::byte* src = readsSrc ? bufferOf(lane, step.src) + step.srcOffset * elemSize : nullptr;
-  std::byte* dst = writesDst ? bufferOf(lane, step.dst) + step.dstOffset * elemSize : nullptr;
+  const bool reads = readsSrc(step.kind), writes = writesDst(step.kind);
+  std::byte* src = reads ? bufferOf(lane, step.src) + step.srcOffset * elemSize : nullptr;
+  std::byte* dst = writes ? bufferOf(lane, step.dst) + step.dstOffset * elemSize : nullptr;
   const int divisor = step.finalize && lane.op == ReduceOp::Avg ? lane.nranks : 0;
 
   auto reduceArgs = [&](void* out, const void* a, const void* b, size_t elems, int finalize) {
@@ -503,8 +448,8 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
       sends(step.kind) ? &ch_->transport->connection(step.sendPeer)->send : nullptr;
   const size_t piece = std::min(ch_->slotBytes, total - lane.done);
   const size_t elems = piece / elemSize;
-  const std::byte* mine = readsSrc ? src + lane.done : nullptr;
-  std::byte* result = writesDst ? dst + lane.done : nullptr;
+  const std::byte* mine = reads ? src + lane.done : nullptr;
+  std::byte* result = writes ? dst + lane.done : nullptr;
   std::byte* inSlot = nullptr;
   std::byte* outSlot = nullptr;
   // The data has arrived; the peer's slot is free again.
