@@ -17,6 +17,18 @@
 //
 // This header includes no CUDA header: src/device/device.cc, compiled
 // without the toolkit's include paths, calls create().
+//
+// The binding, one concern per file: driver.h (the driver's entry points,
+// CUDA failures as errors), contexts.h (per-device attributes, peer access,
+// primary contexts, private streams), memory_map.h (braid's mappings and
+// pointer classification) over pointer_cache.h (the CUDA-free cache of
+// foreign memory), vmm_memory.h (cuMem device memory, fd and dma-buf
+// export, import), host_memory.h (page-locked staging memory), streams.h
+// (streams, events, graphs, copies, reductions, flag operations), and
+// kernels.h (braid's kernels); cuda_device.cc puts them behind Device.
+//
+// Threading: create() may be called from any thread; every method of the
+// device it returns may be called from any thread, as Device says.
 #pragma once
 
 #include <memory>
