@@ -27,12 +27,13 @@
 // such a plan is lowered alone, between the collectives before and after
 // it. So a direct op waits, fails and is released like any other.
 //
-// A watchdog thread completes each op's Work once the stream has passed it,
-// and fails ops: when a peer dies, aborts or says it gave up, when the
-// communicator is aborted, or when an op runs past the timeout after the
-// stream reached it. A failed op releases the waits its stream is blocked
-// on (it writes this rank's counters from the host, again until the stream
-// has passed every op), so no stream stays blocked; the failure is sticky.
+// A watchdog thread (device_watchdog.cc) completes each op's Work once the
+// stream has passed it, and fails ops: when a peer dies, aborts or says it
+// gave up, when the communicator is aborted, or when an op runs past the
+// timeout after the stream reached it. A failed op releases the waits its
+// stream is blocked on (it writes this rank's counters from the host, again
+// until the stream has passed every op), so no stream stays blocked; the
+// failure is sticky.
 #pragma once
 
 #include <atomic>
@@ -151,7 +152,7 @@ class DeviceExecutor {
     std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
   };
 
-  // ---- Lowering (issuing thread, mutex_ held).
+  // ---- Lowering (device_executor.cc): the issuing thread, mutex_ held.
   void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op);
   // Lowers `lanes` in turns; the sends of point-to-point lanes go to
   // `sends` (the caller's stream when null).
@@ -172,9 +173,6 @@ class DeviceExecutor {
   const uint32_t* received(int peer) const {
     return ch_->received ? ch_->received + peer : nullptr;
   }
-  // After a failure: releases every wait of a graph replay, now and for
-  // replays still to come (the abort word; nothing a peer writes undoes it).
-  void releaseGraphWaits();
   void lowerDirect(DeviceLane& lane, device::StreamHandle stream);
   // Enqueues the flag operations gathered so far (on the stream they were
   // gathered for).
@@ -183,19 +181,29 @@ class DeviceExecutor {
   void ensureScratch(DeviceLane* lanes, size_t count);
   device::EventHandle takeEvent();
 
-  // ---- Watchdog (its own thread).
+  // A message counter's low 32 bits: what a device flag holds.
+  static uint32_t low(uint64_t counter) { return static_cast<uint32_t>(counter); }
+
+  // ---- The watchdog (device_watchdog.cc): its own thread, mutex_ held
+  // but while it waits for work or for a running op, or runs an op's Done.
   void watch();
   // One turn: completes, fails and releases ops; false once it should stop.
   bool watchTurn(std::unique_lock<std::mutex>& lock);
   // Completes every op with the failure, without the device (it broke).
   void abandonOps(std::unique_lock<std::mutex>& lock);
   // Fails every outstanding op with `error` (once), announcing it to the
-  // peers; `blamed` and `timedOut` say whom they should name.
+  // peers; `blamed` and `timedOut` say whom they should name. Also called
+  // by a failed enqueue (mutex_ held there too).
   void failAll(const Error& error, int blamed, bool timedOut);
   // RemoteError when the head op waits for a peer that left cleanly: all
   // it will ever write has been written, so what is missing never comes.
   std::optional<Error> checkDeparted(const Op& head, int* blamed);
+  // After a failure: writes from the host the counters and the tags this
+  // rank's streams wait for, so that every wait enqueued so far passes.
   void releaseWaits();
+  // After a failure: releases every wait of a graph replay, now and for
+  // replays still to come (the abort word; nothing a peer writes undoes it).
+  void releaseGraphWaits();
   // The head op's Timeout, once it is past its deadline and a short grace
   // in which this rank tells its peers whom it waits for and follows what
   // they say (the rank it waits for may wait for another in turn); the
