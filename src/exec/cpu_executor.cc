@@ -1,3 +1,6 @@
+// The CPU executor's run loop: lanes advanced piece by piece over the
+// transports' connections, idle waits (spin, yield, sleep), pieces lent by
+// reference, and the errors that name the rank to blame.
 #include "exec/cpu_executor.h"
 
 #include <sched.h>
@@ -129,6 +132,13 @@ void Executor::noteLent(const transport::Connection* connection, uint64_t ticket
   lent_.push_back({connection, ticket, peer});
 }
 
+// Moves as many pieces of the lane's current step as its connections take
+// now; true when anything moved. This is the hot path: per piece it takes
+// no lock, makes no system call of its own and allocates nothing (lent_,
+// which noteLent() fills, keeps its capacity from op to op). Over shm the
+// connection's calls are loads and stores in the shared segment (a futex
+// wake only when the peer sleeps, and a lent region is mapped by its
+// receiver once, at the first piece that refers to it).
 bool Executor::advance(Lane& lane) {
   const auto& steps = lane.plan->steps;
   if (lane.step == steps.size()) return false;
@@ -422,6 +432,9 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
     noteWaiting();
   };
   try {
+    // A pass over the lanes allocates nothing and takes no lock; on shm it
+    // makes no system call either until the op has spun idle (then
+    // sched_yield and the transports' sleeps).
     for (;;) {
       // Transports first: a pass starts by taking in what arrived.
       bool moved = !active_.empty() && progressTransports();

@@ -1,10 +1,13 @@
 // The CPU executor: runs plans over connections on the calling thread.
+// Also what both executors name an op by (OpInfo) and what a hang report
+// reads (Activity).
 //
-// A Lane is one plan bound to its buffers. Lanes run together (a group):
-// each advances through its own steps in order; a connection direction is
-// used by one lane at a time, in the order the lanes were issued, so the
-// messages of two ops never interleave on a connection. Waiting spins
-// briefly, then sleeps in the transports; every wait has a deadline.
+// A Lane is one op's plan bound to its host buffers (lanes.h). The lanes of
+// a group run together, each advancing through its own steps in order; a
+// connection direction is used by one lane at a time, in the order the
+// lanes were issued (Turns), so the messages of two ops never interleave on
+// a connection. Waiting spins briefly, then sleeps in the transports; every
+// wait has a deadline.
 #pragma once
 
 #include <atomic>
@@ -39,11 +42,12 @@ struct OpInfo {
   std::string describe() const;
 };
 
+// One op's plan bound to host buffers, advancing through its steps.
 struct Lane {
   const algo::Plan* plan = nullptr;
   const std::byte* input = nullptr;
   std::byte* output = nullptr;
-  std::byte* scratch = nullptr;  // kScratchBytes of the executor's, set by run()
+  std::byte* scratch = nullptr;  // its area of the executor's scratch (scratchOf), set by run()
   size_t elemSize = 1;
   DataType type = DataType::Uint8;
   ReduceOp op = ReduceOp::Sum;
@@ -71,7 +75,7 @@ struct Activity {
   std::atomic<size_t> count{0};
   std::atomic<int> type{0}, op{0}, root{-1}, peer{-1};
   std::atomic<bool> reduces{false};
-  std::atomic<size_t> lanes{0};                 // ops running together (a group)
+  std::atomic<size_t> lanes{0};                 // lanes running together (a group's ops)
   std::atomic<size_t> step{0}, steps{0};        // of the op named above
   std::atomic<int> recvPeer{-1}, sendPeer{-1};  // of that step, -1: none
   std::atomic<int64_t> waitingSince{0};         // steady-clock ns since epoch; 0: not waiting
@@ -169,7 +173,7 @@ class Executor {
     int peer;
   };
   std::vector<Unflushable> unflushable_;
-  std::vector<std::byte> scratch_;  // algo::kScratchBytes per lane
+  std::vector<std::byte> scratch_;  // the lanes' scratch areas, back to back; only grows
   size_t referenceBytes_;
   // Connections with pieces posted by reference that the receiver has not
   // released yet: the op is not done before they are (the caller may then

@@ -56,7 +56,8 @@
 
 namespace braid::exec {
 
-// One plan bound to device buffers (all on the communicator's device).
+// One op's plan bound to device buffers (all on the communicator's
+// device), lowered step by step (lanes.h).
 struct DeviceLane {
   const algo::Plan* plan = nullptr;
   const std::byte* input = nullptr;
@@ -75,6 +76,7 @@ struct DeviceLane {
   // Lowering progress, owned by the executor.
   size_t step = 0;
   size_t done = 0;  // bytes of the current step already lowered
+  // Its area of the executor's scratch (scratchOf), set when enqueued.
   std::byte* scratch = nullptr;
 };
 
@@ -126,6 +128,8 @@ class DeviceExecutor {
   void setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs);
 
  private:
+  // What one enqueue() put on the stream: the lanes of a group, or one op's
+  // lane, tracked as one from its begin to its end (info: its first lane's).
   struct Op {
     OpInfo info;
     device::EventHandle begin = nullptr;     // the stream reached the op
