@@ -458,12 +458,7 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
     if (!ch_->received)  // (see enqueueCaptured: no tags in graphs)
       pendingFlags_.push_back(FlagOp::wait(in->tags + slot, lane.tag, device::Compare::Equal));
     inSlot = in->slots + slot * ch_->slotBytes;
-    auto& runs = lowering_->received;
-    if (!runs.empty() && runs.back().peer == step.recvPeer && runs.back().tag == lane.tag &&
-        runs.back().last == in->next)
-      ++runs.back().last;
-    else
-      runs.push_back({step.recvPeer, in->next, in->next + 1, lane.tag});
+    noteReceived(step.recvPeer, in->next, lane.tag);
   }
   if (out) {
     pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - ch_->slots),
@@ -520,6 +515,15 @@ void DeviceExecutor::postMessage(int peer, uint32_t tag, size_t bytes) {
   pendingFlags_.push_back(FlagOp::write(out.filled, low(++out.next), sent(peer)));
 }
 
+void DeviceExecutor::noteReceived(int peer, uint64_t message, uint32_t tag) {
+  std::vector<Op::Received>& runs = lowering_->received;
+  if (!runs.empty() && runs.back().peer == peer && runs.back().tag == tag &&
+      runs.back().last == message)
+    ++runs.back().last;
+  else
+    runs.push_back({peer, message, message + 1, tag});
+}
+
 void DeviceExecutor::releaseMessage(int peer) {
   transport::DeviceFifo& in = ch_->transport->connection(peer)->recv;
   pendingFlags_.push_back(FlagOp::write(in.credit, low(++in.next), received(peer)));
@@ -546,12 +550,7 @@ void DeviceExecutor::lowerSignals(DeviceLane& lane) {
     if (!ch_->received)
       pendingFlags_.push_back(
           FlagOp::wait(in->tags + in->next % ch_->slots, lane.tag, device::Compare::Equal));
-    auto& runs = lowering_->received;
-    if (!runs.empty() && runs.back().peer == peer && runs.back().tag == lane.tag &&
-        runs.back().last == in->next)
-      ++runs.back().last;
-    else
-      runs.push_back({peer, in->next, in->next + 1, lane.tag});
+    noteReceived(peer, in->next, lane.tag);
     releaseMessage(peer);
   }
   lane.step = end;

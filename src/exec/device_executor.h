@@ -171,6 +171,10 @@ class DeviceExecutor {
   // give the next message from `peer` back.
   void postMessage(int peer, uint32_t tag, size_t bytes);
   void releaseMessage(int peer);
+  // The op being lowered receives message number `message` from `peer`,
+  // tagged `tag`: it extends the last run of its received messages, or
+  // starts one (what releaseWaits() answers if the op fails).
+  void noteReceived(int peer, uint64_t message, uint32_t tag);
   // The device counters a captured op's flag values are relative to (null
   // on the ordinary FIFOs, whose values are absolute).
   const uint32_t* sent(int peer) const { return ch_->sent ? ch_->sent + peer : nullptr; }
