@@ -28,8 +28,8 @@
 #include "core/errors.h"
 #include "core/introspect.h"
 #include "multirank.h"
+#include "transports/table.h"
 #include "tuning/algo_choice.h"
-#include "tuning/cost_model.h"
 
 // Every allocation through operator new in this process (libbraid's too),
 // for the test that the latency path allocates nothing. (GCC takes these
@@ -297,7 +297,7 @@ TEST(BraidTuning, ModelPicksThePredictedFastestAlgorithmOnEveryRank) {
   ::setenv("BRAID_TUNING", "model", 1);
   runRanks(4, [](Communicator& comm) {
     const bool shm = detail::peerTransports(comm)[(comm.rank() + 1) % comm.size()] == "shm";
-    const algo::LinkModel model = tuning::defaultLink(shm ? "shm" : "tcp");
+    const algo::LinkModel model = transport::find(shm ? "shm" : "tcp")->hostLink;
     bool differs = false;  // somewhere the model overrides the fixed choice
     for (size_t count : {size_t{2}, size_t{512}, size_t{8192}, size_t{262144}}) {
       std::vector<float> in(count, 1.0f), out(count);
@@ -391,7 +391,7 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
           std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
           std::mt19937 delays(std::random_device{}());
           const bool deterministic = comm.impl()->knobs.deterministic;
-          const algo::LinkModel shm = tuning::defaultLink("shm");
+          const algo::LinkModel shm = transport::find("shm")->hostLink;
           using Floats = std::unique_ptr<float[], void (*)(float*)>;
           auto floats = [&](size_t n) {
             return shared ? Floats(static_cast<float*>(memAlloc(n * sizeof(float))),

@@ -261,10 +261,10 @@ TEST(Ibverbs, MessagesStripedOverFourQpsArriveIntact) {
         }
         // The sends to the next rank (1 MiB among them) went over all four
         // QPs.
-        const std::vector<uint64_t> lanes = detail::lanePosts(comm, (r + 1) % n);
-        require(lanes.size() == 4, format("%zu lanes to the next rank", lanes.size()));
-        for (size_t q = 0; q < lanes.size(); ++q)
-          require(lanes[q] > 0, format("QP %zu to the next rank carried no part", q));
+        const std::vector<uint64_t> stripes = detail::stripePosts(comm, (r + 1) % n);
+        require(stripes.size() == 4, format("%zu stripes to the next rank", stripes.size()));
+        for (size_t q = 0; q < stripes.size(); ++q)
+          require(stripes[q] > 0, format("QP %zu to the next rank carried no part", q));
       },
       overFakeFabric([](int) {
         return std::vector<std::pair<std::string, std::string>>{
@@ -357,7 +357,7 @@ TEST(Ibverbs, AKnobOutOfRangeIsRejectedNamingIt) {
 // Without a device (no fake fabric, and this machine has none), naming
 // ibverbs is an error that says why, on every rank.
 TEST(Ibverbs, NamingIbverbsWithoutADeviceFailsSayingWhy) {
-  if (detail::ibverbsStatus().empty()) GTEST_SKIP() << "this machine has an RDMA device";
+  if (detail::transportStatus("ibverbs").empty()) GTEST_SKIP() << "this machine has an RDMA device";
   RunOptions options;
   options.config.transports = "ibverbs";
   runProcesses(

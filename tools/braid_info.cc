@@ -30,8 +30,9 @@
 #include "core/introspect.h"
 #include "core/knobs.h"
 #include "device/device.h"
+#include "transports/table.h"
+#include "transports/wiring.h"
 #include "tuning/algo_choice.h"
-#include "tuning/cost_model.h"
 
 #if !defined(BRAID_HAVE_CUDA) || !defined(BRAID_HAVE_UCX) || !defined(BRAID_HAVE_IBVERBS)
 #error "braid-info needs BRAID_FEATURE_DEFINITIONS (BRAID_HAVE_CUDA, _UCX, _IBVERBS)"
@@ -132,9 +133,17 @@ int printOverview() {
     std::printf("memory:           host (no device: %s)\n",
                 braid::device::unavailableReason().c_str());
   std::printf("transports built: %s\n", join(braid::detail::builtTransports(), ", ").c_str());
-  const std::string verbs = braid::detail::ibverbsStatus();
-  std::printf("ibverbs:          %s\n",
-              verbs.empty() ? "usable (an active RDMA port)" : ("not used: " + verbs).c_str());
+  std::printf("transports, in priority order (BRAID_TRANSPORT overrides it):\n");
+  for (const braid::transport::TableRow& row : braid::transport::table()) {
+    const braid::transport::TransportEntry& entry = row.entry;
+    const char* carries = !entry.notBuilt.empty()              ? "-"
+                          : entry.create && entry.createDevice ? "host, device"
+                          : entry.create                       ? "host"
+                                                               : "device";
+    const std::string status = braid::detail::transportStatus(entry.name);
+    std::printf("  %-9s %-13s %s\n", entry.name, carries,
+                status.empty() ? entry.summary : ("not usable here: " + status).c_str());
+  }
   std::printf("host identity:    %s\n", braid::bootstrap::localHostId().c_str());
   std::vector<Interface> found = interfaces();
   std::printf("network interfaces:%s\n", found.empty() ? " none found" : "");
@@ -293,12 +302,20 @@ int printTuning(int ranks, const std::string& transport, bool measure) {
   const braid::Knobs knobs = braid::Knobs::resolve(braid::Config{});
   const braid::tuning::AlgoPreference preference = braid::tuning::AlgoPreference::parse(knobs.algo);
   braid::algo::SimOptions options;
-  options.link = braid::tuning::defaultLink(knobs.deterministic ? "shm" : transport);
+  const braid::transport::TransportEntry* entry = braid::transport::find(transport);
+  if (!entry || !entry->create)
+    throw std::runtime_error("--transport: '" + transport +
+                             "' is no transport of host buffers in this library (" +
+                             join(braid::detail::builtTransports(), ", ") + ")");
+  options.link = entry->hostLink;
   options.checkData = false;
   options.elemSize = 4;
   options.chunkBytes = knobs.chunkBytes;
   std::string source = transport + "'s default costs";
-  if (knobs.deterministic) source = "shm's default costs (BRAID_DETERMINISTIC=1)";
+  if (knobs.deterministic) {
+    options.link = braid::transport::linkModels(0).host;
+    source = "the same default costs over every transport (BRAID_DETERMINISTIC=1)";
+  }
   if (measure) {
     braid::Communicator comm = braid::Communicator::fromEnvironment();
     ranks = comm.size();

@@ -94,10 +94,10 @@ class Connection {
   // The rank the peer last said it is stuck waiting for
   // (Transport::announceWaitingFor), or -1.
   virtual int peerWaitsFor() const { return -1; }
-  // For tools and tests: the data parts posted on each lane of a
-  // connection that stripes messages over several (verbs QPs); empty for
-  // one with a single lane.
-  virtual std::vector<uint64_t> lanePosts() const { return {}; }
+  // For tools and tests: the data parts posted on each stripe of a
+  // connection that stripes messages over several channels (verbs QPs);
+  // empty for one with a single channel.
+  virtual std::vector<uint64_t> stripePosts() const { return {}; }
 };
 
 // One transport instance per communicator; it owns its connections.

@@ -93,8 +93,9 @@ algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bo
     time(ringPlan(rank, nranks, kLargeBytes, 10));
     mine.largeSeconds = time(ringPlan(rank, nranks, kLargeBytes, kLargeRounds)) / kLargeRounds;
     mine.largeBytes = static_cast<double>(kLargeBytes);
-    mine.memoryLink = wiring.names[static_cast<size_t>(next)] == "shm" &&
-                      wiring.names[static_cast<size_t>(prev)] == "shm";
+    mine.memoryLink =
+        wiring.entries[static_cast<size_t>(next)]->reach == transport::Reach::SameHost &&
+        wiring.entries[static_cast<size_t>(prev)]->reach == transport::Reach::SameHost;
 
     // Local speeds, best of a few rounds (the first also warms the pages).
     double copy = 0, sum = 0;

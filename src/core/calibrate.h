@@ -9,7 +9,7 @@
 #include "algorithms/simulate.h"
 #include "bootstrap/bootstrap.h"
 #include "exec/cpu_executor.h"
-#include "transports/registry.h"
+#include "transports/wiring.h"
 
 namespace braid {
 

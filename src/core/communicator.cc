@@ -16,7 +16,6 @@
 #include "core/introspect.h"
 #include "core/log.h"
 #include "core/memory.h"
-#include "tuning/cost_model.h"
 
 namespace braid {
 namespace {
@@ -293,13 +292,10 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   // results may not depend on it.
   const int perHost = knobs.deterministic ? 0 : ranksPerHostInOrder(*bootstrap);
   for (algo::Shape& shape : shapes) shape.localRanks = perHost;
-  devicePlans.useModel(tuning::defaultLink("cuda_ipc"));
+  devicePlans.useModel(transport::linkModels(0).device);
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
-  transport::Setup setup{*bootstrap, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)};
-  setup.sockets = knobs.sockets;
-  setup.ucx = knobs.ucx;
-  setup.ibverbs = knobs.ibverbs;
-  wiring = transport::wireUp(setup, knobs.transports);
+  wiring = transport::wireUp(
+      {*bootstrap, knobs, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)});
   executor = std::make_unique<exec::Executor>(
       wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
   setUpDevice();
@@ -308,23 +304,17 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     // measurement that is the slowest transport any rank uses (tcp if any
     // pair talks over it); a measurement is taken where every pair talks
     // over one kind of transport (else it would time only some of them).
-    std::vector<uint8_t> kinds(static_cast<size_t>(nranks), 0);
-    for (const std::string& name : wiring.names)
-      if (name != "self") kinds[rank] |= name == "shm" ? 1 : 2;
-    bootstrap->allGather(kinds.data(), 1, deadlineAfter(knobs.timeout));
-    uint8_t used = 0;
-    for (uint8_t k : kinds) used |= k;
-    algo::LinkModel link = tuning::defaultLink(used & 2 ? "tcp" : "shm");
-    if (used == 3) {  // shm within hosts, a network across: model both
-      const algo::LinkModel shm = tuning::defaultLink("shm");
-      link.hostLatency = shm.latency;
-      link.hostBandwidth = shm.bandwidth;
-    }
-    // Device buffers between hosts go over tcp too (staged).
-    if ((used & 2) && !knobs.deterministic) devicePlans.useModel(tuning::defaultLink("tcp_staged"));
+    std::vector<uint32_t> rows(static_cast<size_t>(nranks), 0);
+    rows[rank] = transport::rowsUsed(wiring);
+    bootstrap->allGather(rows.data(), sizeof(uint32_t), deadlineAfter(knobs.timeout));
+    uint32_t used = 0;
+    for (uint32_t r : rows) used |= r;
+    const transport::LinkModels models = transport::linkModels(used);
+    algo::LinkModel link = models.host;
+    if (!knobs.deterministic) devicePlans.useModel(models.device);
     if (knobs.deterministic)
-      link = tuning::defaultLink("shm");  // the same choice over every transport
-    else if (knobs.tuning == Tuning::Measured && nranks > 1 && used != 3)
+      link = transport::linkModels(0).host;  // the same choice over every transport
+    else if (knobs.tuning == Tuning::Measured && nranks > 1 && !models.mixed)
       link = calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
     plans.useModel(link);
     if (knobs.tuning == Tuning::Measured && !knobs.deterministic && nranks > 1)
@@ -368,11 +358,16 @@ void Communicator::Impl::setUpDevice() {
       noDevice = r == rank ? device::unavailableReason()
                            : format("rank %d of this communicator has no device", r);
   if (!noDevice.empty()) return;
-  const transport::Setup setup{*bootstrap, knobs.deviceSlotBytes, knobs.deviceSlots,
-                               deadlineAfter(knobs.timeout)};
+  const transport::Setup setup{*bootstrap,
+                               knobs,
+                               knobs.deviceSlotBytes,
+                               knobs.deviceSlots,
+                               deadlineAfter(knobs.timeout),
+                               device,
+                               deviceIndex};
   std::unique_ptr<transport::DeviceTransport> connections;
   try {
-    connections = transport::wireDevice(setup, knobs.transports, wiring, *device, deviceIndex);
+    connections = transport::wireDevice(setup, wiring);
   } catch (const Error& error) {
     // Every rank throws alike: the communicator goes on for host buffers.
     if (error.code() == ErrorCode::Timeout) throw;
@@ -380,14 +375,22 @@ void Communicator::Impl::setUpDevice() {
     BRAID_WARN(Init, "device buffers cannot be used: %s", error.what());
     return;
   }
-  int direct = 0, ipc = 0, verbs = 0, staged = 0;
+  // "3 over cuda_ipc, 1 over tcp": the ranks each way of reaching them
+  // (a path's first word) takes, this rank included.
+  std::vector<std::pair<std::string, int>> ways;
   for (int peer = 0; peer < nranks; ++peer) {
     const std::string path = connections->path(peer);
-    direct += path.rfind("nvlink_p2p", 0) == 0 ? 1 : 0;
-    ipc += path.rfind("cuda_ipc", 0) == 0 ? 1 : 0;
-    verbs += path.rfind("ibverbs", 0) == 0 ? 1 : 0;
-    staged += path.rfind("tcp", 0) == 0 ? 1 : 0;
+    const std::string way = path.substr(0, path.find(':'));
+    auto known =
+        std::find_if(ways.begin(), ways.end(), [&](const auto& w) { return w.first == way; });
+    if (known == ways.end())
+      ways.emplace_back(way, 1);
+    else
+      ++known->second;
   }
+  std::string reach;
+  for (const auto& [way, count] : ways)
+    reach += format("%s%d over %s", reach.empty() ? "" : ", ", count, way.c_str());
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
       [this](const Error& error) { recordFailure(error); });
@@ -397,8 +400,7 @@ void Communicator::Impl::setUpDevice() {
     noGraphs = "BRAID_DEVICE_GRAPHS is 0";
   } else {
     try {
-      deviceExecutor->setGraphFifos(
-          transport::wireGraphDevice(setup, knobs.transports, *device, deviceIndex));
+      deviceExecutor->setGraphFifos(transport::wireGraphDevice(setup, wiring));
     } catch (const Error& error) {  // every rank throws alike; only capture is lost
       if (error.code() == ErrorCode::Timeout) throw;
       noGraphs = error.what();
@@ -406,10 +408,8 @@ void Communicator::Impl::setUpDevice() {
                  error.what());
     }
   }
-  BRAID_INFO(Init,
-             "device %d (%s): device buffers reach %d ranks of this process (nvlink_p2p), "
-             "%d of other processes (cuda_ipc), %d over ibverbs and %d staged over tcp",
-             deviceIndex, device->name(), direct, ipc, verbs, staged);
+  BRAID_INFO(Init, "device %d (%s): device buffers reach %d ranks: %s", deviceIndex, device->name(),
+             nranks, reach.c_str());
 }
 
 void Communicator::Impl::throwIfFailed() const {
@@ -673,12 +673,16 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
                      impl.deviceIndex);
   impl.waitForAsyncIdle();
   agreeOnArguments(impl, what, problem);
-  const transport::Setup setup{*impl.bootstrap, impl.knobs.deviceSlotBytes, impl.knobs.deviceSlots,
-                               deadlineAfter(impl.knobs.timeout)};
+  const transport::Setup setup{*impl.bootstrap,
+                               impl.knobs,
+                               impl.knobs.deviceSlotBytes,
+                               impl.knobs.deviceSlots,
+                               deadlineAfter(impl.knobs.timeout),
+                               impl.device,
+                               impl.deviceIndex};
   std::vector<transport::PeerWindow> ranks;
   try {
-    ranks = transport::mapWindow(setup, impl.knobs.transports, *impl.device, impl.deviceIndex,
-                                 buffer, bytes);
+    ranks = transport::mapWindow(setup, impl.wiring, buffer, bytes);
   } catch (const Error& error) {
     // Every rank throws alike; an argument error leaves the communicator as it was.
     if (error.code() == ErrorCode::Timeout) impl.recordFailure(error);
@@ -1000,12 +1004,15 @@ namespace detail {
 
 std::vector<std::string> peerTransports(const Communicator& comm) {
   if (!comm.impl()) return {};
-  return comm.impl()->wiring.names;
+  std::vector<std::string> names;
+  for (const transport::TransportEntry* entry : comm.impl()->wiring.entries)
+    names.push_back(entry->name);
+  return names;
 }
 
-std::vector<uint64_t> lanePosts(const Communicator& comm, int peer) {
+std::vector<uint64_t> stripePosts(const Communicator& comm, int peer) {
   if (!comm.impl() || peer < 0 || peer >= comm.size()) return {};
-  return comm.impl()->wiring.connections[peer]->lanePosts();
+  return comm.impl()->wiring.connections[peer]->stripePosts();
 }
 
 std::vector<std::string> peerDevicePaths(const Communicator& comm) {
@@ -1024,7 +1031,16 @@ std::vector<std::string> peerDevicePaths(const Communicator& comm) {
 }
 
 std::vector<std::string> builtTransports() { return transport::builtTransports(); }
-std::string ibverbsStatus() { return transport::ibverbsStatus(); }
+std::string transportStatus(const std::string& name) {
+  const transport::TransportEntry* entry = transport::find(name);
+  if (!entry) return format("no transport is named '%s'", name.c_str());
+  if (!entry->notBuilt.empty()) return "not built (" + entry->notBuilt + ")";
+  try {
+    return entry->unusableHere ? entry->unusableHere() : "";
+  } catch (const Error& error) {
+    return error.what();
+  }
+}
 
 std::string lastAlgorithm(const Communicator& comm) {
   return comm.impl() ? algo::algorithmName(comm.impl()->plans.lastAlgorithm()) : "";

@@ -20,7 +20,7 @@
 #include "device/device.h"
 #include "exec/cpu_executor.h"
 #include "exec/device_executor.h"
-#include "transports/registry.h"
+#include "transports/wiring.h"
 
 namespace braid {
 

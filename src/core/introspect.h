@@ -19,15 +19,17 @@ std::vector<std::string> peerTransports(const Communicator& comm);
 // why they cannot; empty when the communicator has no device.
 std::vector<std::string> peerDevicePaths(const Communicator& comm);
 
-// Transports compiled into this library, e.g. {"self", "tcp"}.
+// The transports compiled into this library, in the transport table's
+// order (transports/table.h).
 std::vector<std::string> builtTransports();
-// "" when this process could use the ibverbs transport, else why not.
-std::string ibverbsStatus();
+// "" when this process could use the transport `name`, else why not (not
+// built, no library, no device, no such transport).
+std::string transportStatus(const std::string& name);
 
-// The data parts this rank posted on each lane of its connection to
+// The data parts this rank posted on each stripe of its connection to
 // `peer` (the QPs a verbs connection stripes over); empty where the
-// connection has one lane.
-std::vector<uint64_t> lanePosts(const Communicator& comm, int peer);
+// connection has one.
+std::vector<uint64_t> stripePosts(const Communicator& comm, int peer);
 
 // How many pieces this rank has sent as references to its memAlloc memory
 // (read in place by the peer) rather than as copies.

@@ -12,8 +12,9 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/cuda_ipc/shared_blocks.h"
 #include "transports/cuda_ipc/unix_channel.h"
-#include "transports/nvlink_p2p/shared_blocks.h"
+#include "tuning/cost_model.h"
 
 namespace braid::transport::cuda_ipc {
 namespace {
@@ -36,7 +37,7 @@ struct Notice {
 // What each rank tells the others at set-up.
 struct Advert {
   char listener[64];
-  uint64_t process;  // nvlink_p2p::processToken()
+  uint64_t process;  // processToken()
   int32_t device;
 };
 
@@ -74,7 +75,7 @@ class CudaIpcTransport final : public DeviceTransport {
     for (size_t r = 0; r < peers_.size(); ++r) {
       Peer& peer = peers_[r];
       if (peer.inProcess) {  // the blocks go with their last reference
-        nvlink_p2p::withdraw(job_, rank_, static_cast<int>(r));
+        withdraw(job_, rank_, static_cast<int>(r));
         continue;
       }
       try {
@@ -134,7 +135,7 @@ class CudaIpcTransport final : public DeviceTransport {
     Advert& mine = adverts[rank_];
     std::memset(&mine, 0, sizeof(mine));
     std::snprintf(mine.listener, sizeof(mine.listener), "%s", listener.name().c_str());
-    mine.process = nvlink_p2p::processToken();
+    mine.process = processToken();
     mine.device = deviceIndex;
     bootstrap.allGather(adverts.data(), sizeof(Advert), deadline);
     for (int r = 0; r < nranks; ++r)
@@ -154,8 +155,8 @@ class CudaIpcTransport final : public DeviceTransport {
             static_cast<std::byte*>(peer.staged ? device_.allocateHost(blockBytes())
                                                 : device_.allocate(deviceIndex, blockBytes()));
         if (peer.inProcess) {  // nvlink_p2p: the peer takes the pointer itself
-          peer.localBlock = std::make_shared<nvlink_p2p::Block>(device_, peer.local, peer.staged);
-          nvlink_p2p::publish(job_, rank_, r, peer.localBlock);
+          peer.localBlock = std::make_shared<Block>(device_, peer.local, peer.staged);
+          publish(job_, rank_, r, peer.localBlock);
         }
       }
       for (int r = rank_ + 1; r < nranks; ++r)
@@ -199,7 +200,7 @@ class CudaIpcTransport final : public DeviceTransport {
         Peer& peer = peers_[r];
         if (r == rank_ && peer.local) peer.remote = peer.local;
         if (peer.inProcess) {
-          peer.remoteBlock = nvlink_p2p::take(job_, r, rank_);
+          peer.remoteBlock = take(job_, r, rank_);
           peer.remote = peer.remoteBlock->base();
           peer.remoteStaged = peer.remoteBlock->host();
           continue;
@@ -272,7 +273,7 @@ class CudaIpcTransport final : public DeviceTransport {
     // A peer in this process (nvlink_p2p): both blocks are plain pointers,
     // owned jointly with the peer instead of freed and unmapped here.
     bool inProcess = false;
-    nvlink_p2p::BlockRef localBlock, remoteBlock;
+    BlockRef localBlock, remoteBlock;
     int device = -1;
     bool staged = false;        // `local` is host memory (no peer access between the devices)
     bool remoteStaged = false;  // so is `remote`
@@ -351,7 +352,7 @@ class CudaIpcTransport final : public DeviceTransport {
 
   device::Device& device_;
   const int rank_;
-  uint64_t job_ = 0;  // the bootstrap's secret: names this job's blocks in nvlink_p2p's table
+  uint64_t job_ = 0;  // the bootstrap's secret: names this job's blocks in shared_blocks.h's table
   const size_t slotBytes_;
   const int slots_;
   int myDevice_ = -1;
@@ -360,21 +361,26 @@ class CudaIpcTransport final : public DeviceTransport {
   std::vector<int> owners_;
 };
 
-}  // namespace
-
-std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap,
-                                        const std::vector<int>& peers, device::Device& device,
-                                        int deviceIndex, size_t slotBytes, int slots,
-                                        net::Deadline deadline) {
-  auto transport = std::make_unique<CudaIpcTransport>(device, bootstrap.rank(), bootstrap.size(),
-                                                      slotBytes, slots);
-  transport->setUp(bootstrap, peers, deviceIndex, deadline);
+std::unique_ptr<DeviceTransport> create(const Setup& setup, const std::vector<int>& peers,
+                                        std::string*) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  auto transport = std::make_unique<CudaIpcTransport>(
+      *setup.device, bootstrap.rank(), bootstrap.size(), setup.slotBytes, setup.slots);
+  transport->setUp(bootstrap, peers, setup.deviceIndex, setup.deadline);
   return transport;
 }
 
-std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  device::Device& device, int deviceIndex, void* base, size_t bytes,
-                                  net::Deadline deadline) {
+void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes) {
+  for (const PeerWindow& window : windows)
+    if (window.imported) device.unimport(window.base, bytes);
+}
+
+std::vector<PeerWindow> mapWindow(const Setup& setup, const std::vector<int>& peers, void* base,
+                                  size_t bytes) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  device::Device& device = *setup.device;
+  const int deviceIndex = setup.deviceIndex;
+  const net::Deadline deadline = setup.deadline;
   const int nranks = bootstrap.size(), rank = bootstrap.rank();
   std::vector<bool> served(static_cast<size_t>(nranks), false);
   for (int peer : peers) served[static_cast<size_t>(peer)] = true;
@@ -391,7 +397,7 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::ve
   Offer& mine = offers[rank];
   std::memset(&mine, 0, sizeof(mine));
   std::snprintf(mine.listener, sizeof(mine.listener), "%s", listening->name().c_str());
-  mine.process = nvlink_p2p::processToken();
+  mine.process = processToken();
   mine.base = reinterpret_cast<uintptr_t>(base);
   mine.bytes = bytes;
   bootstrap.allGather(offers.data(), sizeof(Offer), deadline);
@@ -468,9 +474,22 @@ std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::ve
   return windows;
 }
 
-void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes) {
-  for (const PeerWindow& window : windows)
-    if (window.imported) device.unimport(window.base, bytes);
+}  // namespace
+
+TransportEntry entry() {
+  TransportEntry entry;
+  entry.name = "cuda_ipc";
+  entry.summary =
+      "device memory FIFOs mapped between the ranks of one host (cuMem fd handles), "
+      "or handed over as pointers within a process (nvlink_p2p)";
+  entry.reach = Reach::SameHost;
+  entry.createDevice = create;
+  entry.mapWindow = mapWindow;
+  entry.unmapWindow = unmapWindow;
+  // A piece costs a few stream operations (a flag wait, a kernel, a flag
+  // write: microseconds each); HBM and NVLink move hundreds of GB/s.
+  entry.deviceLink = tuning::deviceLinkModel(8e-6, 150e9);
+  return entry;
 }
 
 }  // namespace braid::transport::cuda_ipc

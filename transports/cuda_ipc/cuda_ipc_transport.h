@@ -16,42 +16,28 @@
 //
 // Peers in this same process (several GPUs driven by one process) are the
 // nvlink_p2p path: their blocks are not exported but handed over as
-// pointers (transports/nvlink_p2p), with the same FIFO protocol and the
+// pointers (shared_blocks.h), with the same FIFO protocol and the
 // same side channel.
 #pragma once
 
-#include <memory>
-#include <vector>
-
-#include "bootstrap/bootstrap.h"
-#include "device/device.h"
-#include "transports/device_transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::cuda_ipc {
 
-// Collective over the communicator. Connects this rank to `peers` (ranks
-// on its host, itself included; every peer listed must list this rank
-// too); the others get no connection. When any rank cannot (no device
-// memory, no peer access between two devices, a socket that fails), every
-// rank throws the same Error naming that rank, with the failure's own code.
-std::unique_ptr<DeviceTransport> create(bootstrap::Bootstrap& bootstrap,
-                                        const std::vector<int>& peers, device::Device& device,
-                                        int deviceIndex, size_t slotBytes, int slots,
-                                        net::Deadline deadline);
-
-// Collective over the communicator: every rank offers `bytes` of device
-// memory at `base`, and gets every rank's window as it can reach it: its
-// own and those of ranks in this process as they are (one address space:
-// nvlink_p2p), those of other processes on this host imported from the
-// allocation's file descriptor (cuda_ipc: the window must then be an
-// allocation of `device` from its start), none of ranks not in `peers`
-// (other hosts, or peers this transport does not serve). When any
-// rank cannot (the sizes differ, memory that cannot be exported, a socket
-// that fails), every rank throws the same Error naming that rank.
-std::vector<PeerWindow> mapWindow(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  device::Device& device, int deviceIndex, void* base, size_t bytes,
-                                  net::Deadline deadline);
-// Unmaps what mapWindow() imported.
-void unmapWindow(device::Device& device, const std::vector<PeerWindow>& windows, size_t bytes);
+// The transport's row in the table: device buffers only, between ranks of
+// one host (itself included). Its create() is collective over the
+// communicator and connects this rank to the peers given; when any rank
+// cannot (no device memory, no peer access between two devices, a socket
+// that fails), every rank throws the same Error naming that rank, with
+// the failure's own code. Its mapWindow() gives every rank's window of
+// `bytes` at `base` as this rank reaches it: its own and those of ranks
+// in this process as they are (one address space), those of other
+// processes on this host imported from the allocation's file descriptor
+// (the window must then be an allocation of the device from its start),
+// none of ranks not given (other hosts, or peers staged through host
+// memory); when any rank cannot (the sizes differ, memory that cannot be
+// exported, a socket that fails), every rank throws the same Error naming
+// that rank. unmapWindow() unmaps what it imported.
+TransportEntry entry();
 
 }  // namespace braid::transport::cuda_ipc

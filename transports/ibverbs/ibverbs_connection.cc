@@ -179,7 +179,7 @@ void IbConnection::postSend(uint32_t bytes, uint32_t tag) {
   }
 }
 
-std::vector<uint64_t> IbConnection::lanePosts() const {
+std::vector<uint64_t> IbConnection::stripePosts() const {
   std::vector<uint64_t> posts;
   if (qps_.size() > 1)
     for (const Qp& qp : qps_) posts.push_back(qp.dataParts);

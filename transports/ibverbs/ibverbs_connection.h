@@ -85,7 +85,7 @@ class IbConnection final : public Connection {
     uint64_t posted = 0;        // send WRs posted
     uint64_t retired = 0;       // send WRs known done (a signaled one at or after them completed)
     uint64_t lastSignaled = 0;  // posted count at the last signaled WR
-    uint64_t dataParts = 0;     // message parts posted (lanePosts())
+    uint64_t dataParts = 0;     // message parts posted (stripePosts())
     int sendDepth = 0;
     int receives = 0;     // receives to keep posted
     int reposts = 0;      // receives taken since they were last posted again
@@ -126,7 +126,7 @@ class IbConnection final : public Connection {
   int failedRank() const override { return control_.failedRank(); }
   bool peerTimedOut() const override { return control_.peerTimedOut(); }
   int peerWaitsFor() const override { return control_.peerWaitsFor(); }
-  std::vector<uint64_t> lanePosts() const override;
+  std::vector<uint64_t> stripePosts() const override;
 
   int peer() const { return peer_; }
   const std::vector<Qp>& qps() const { return qps_; }

@@ -718,13 +718,13 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
 
 }  // namespace
 
-std::unique_ptr<DeviceTransport> createDevice(bootstrap::Bootstrap& bootstrap,
-                                              const std::vector<int>& peers, device::Device& device,
-                                              int deviceIndex, size_t slotBytes, int slots,
-                                              const Options& options, net::Deadline deadline) {
-  auto transport = std::make_unique<IbDeviceTransport>(device, deviceIndex, bootstrap.rank(),
-                                                       bootstrap.size(), slotBytes, slots, options);
-  transport->setUp(bootstrap, peers, deadline);
+std::unique_ptr<DeviceTransport> createDevice(const Setup& setup, const std::vector<int>& peers,
+                                              const Options& options) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  auto transport =
+      std::make_unique<IbDeviceTransport>(*setup.device, setup.deviceIndex, bootstrap.rank(),
+                                          bootstrap.size(), setup.slotBytes, setup.slots, options);
+  transport->setUp(bootstrap, peers, setup.deadline);
   return transport;
 }
 

@@ -48,14 +48,11 @@
 namespace braid::transport::ibverbs {
 
 // Collective over the communicator (every rank calls it, also one with no
-// peers here): connects this rank's device FIFOs to `peers` over verbs,
-// `slots` slots of `slotBytes` each way, on `deviceIndex` of `device`.
-// When any rank cannot (no RDMA port, a registration or QP that fails,
-// BRAID_IB_GDR=ON without dma-buf, another FIFO shape), every rank throws
-// the same Error naming that rank.
-std::unique_ptr<DeviceTransport> createDevice(bootstrap::Bootstrap& bootstrap,
-                                              const std::vector<int>& peers, device::Device& device,
-                                              int deviceIndex, size_t slotBytes, int slots,
-                                              const Options& options, net::Deadline deadline);
+// peers here): connects this rank's device FIFOs to `peers` over verbs, on
+// Setup's device, in Setup's FIFO shape. When any rank cannot (no RDMA
+// port, a registration or QP that fails, BRAID_IB_GDR=ON without dma-buf,
+// another FIFO shape), every rank throws the same Error naming that rank.
+std::unique_ptr<DeviceTransport> createDevice(const Setup& setup, const std::vector<int>& peers,
+                                              const Options& options);
 
 }  // namespace braid::transport::ibverbs

@@ -11,8 +11,10 @@
 #include "transports/ibverbs/ib_select.h"
 #include "transports/ibverbs/ib_wire.h"
 #include "transports/ibverbs/ibverbs_connection.h"
+#include "transports/ibverbs/ibverbs_device.h"
 #include "transports/ibverbs/verbs_real.h"
 #include "transports/tcp/tcp_transport.h"
+#include "tuning/cost_model.h"
 
 namespace braid::transport::ibverbs {
 namespace {
@@ -301,11 +303,35 @@ std::string probe(const Options& options) {
   }
 }
 
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, const Options& options,
-                                  net::Deadline deadline, std::string* whyNot) {
+Options optionsFromKnobs() {
+  Options options;
+  options.hca = knobText("BRAID_IB_HCA");
+  options.gidIndex =
+      static_cast<int>(parseInt(knobText("BRAID_IB_GID_INDEX"), "BRAID_IB_GID_INDEX"));
+  options.timeout = static_cast<int>(parseInt(knobText("BRAID_IB_TIMEOUT"), "BRAID_IB_TIMEOUT"));
+  options.retryCount =
+      static_cast<int>(parseInt(knobText("BRAID_IB_RETRY_CNT"), "BRAID_IB_RETRY_CNT"));
+  options.qpsPerConnection = static_cast<int>(
+      parseInt(knobText("BRAID_IB_QPS_PER_CONNECTION"), "BRAID_IB_QPS_PER_CONNECTION"));
+  options.sysfs = knobText("BRAID_SYSFS");
+  options.fake = knobText("BRAID_IB_FAKE");
+  options.fakeFault = knobText("BRAID_IB_FAKE_FAULT");
+  options.gdr = parseTransportUse(knobText("BRAID_IB_GDR"), "BRAID_IB_GDR");
+  validate(options);
+  return options;
+}
+
+namespace {
+
+std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& peers,
+                                  std::string* whyNot) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const size_t slotBytes = setup.slotBytes;
+  const int slots = setup.slots;
+  const net::Deadline deadline = setup.deadline;
+  const Options options = optionsFromKnobs();
   std::unique_ptr<Transport> control =
-      tcp::create(bootstrap, peers, kControlSlotBytes, kControlSlots, 1, deadline);
+      tcp::connectPeers(bootstrap, peers, kControlSlotBytes, kControlSlots, 1, deadline);
   std::unique_ptr<IbTransport> transport;
   try {
     bootstrap::agree(bootstrap, deadline, "ibverbs", "open its RDMA device", [&] {
@@ -326,6 +352,47 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   }
   BRAID_INFO(Init, "ibverbs: %s", transport->describe().c_str());
   return transport;
+}
+
+// Every rank must have an active port; the first rank without one passes
+// the transport over (AUTO) or fails the communicator (ON).
+bool everyRankCan(const Setup& setup, TransportUse use) {
+  const int rank = setup.bootstrap.rank();
+  const std::string why = probe(optionsFromKnobs());
+  const int without = firstRankWithout(setup, why.empty());
+  if (without < 0) return true;
+  if (without == rank) BRAID_INFO(Init, "ibverbs is not used: %s", why.c_str());
+  if (use == TransportUse::On)
+    fail(ErrorCode::SystemError, rank,
+         without == rank
+             ? format("BRAID_IBVERBS is ON, and %s", why.c_str())
+             : format("BRAID_IBVERBS is ON, and rank %d has no usable RDMA port", without));
+  return false;
+}
+
+}  // namespace
+
+TransportEntry entry() {
+  TransportEntry entry;
+  entry.name = "ibverbs";
+  entry.summary =
+      "RDMA writes over InfiniBand or RoCE queue pairs, any host; device buffers "
+      "by GPUDirect RDMA or staged";
+  entry.reach = Reach::AnyHost;
+  entry.create = create;
+  entry.createDevice = [](const Setup& setup, const std::vector<int>& peers,
+                          std::string*) -> std::unique_ptr<DeviceTransport> {
+    return createDevice(setup, peers, optionsFromKnobs());
+  };
+  entry.useKnob = "BRAID_IBVERBS";
+  entry.use = &Knobs::ibverbs;
+  entry.everyRankCan = everyRankCan;
+  entry.unusableHere = [] { return probe(optionsFromKnobs()); };
+  // Not measured on RDMA hardware yet: tcp's numbers, and device buffers
+  // modelled as staged (GPUDirect too).
+  entry.hostLink = tuning::hostLinkModel(15e-6, 3e9);
+  entry.deviceLink = tuning::deviceLinkModel(25e-6, 3e9);
+  return entry;
 }
 
 }  // namespace braid::transport::ibverbs

@@ -22,7 +22,7 @@
 #include "core/knobs.h"
 #include "transports/ibverbs/ib_select.h"
 #include "transports/ibverbs/verbs_backend.h"
-#include "transports/transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::ibverbs {
 
@@ -60,15 +60,20 @@ void validate(const Options& options);
 // device", "mlx5_0 port 1 is down"). Opens nothing that outlives the call.
 std::string probe(const Options& options);
 
-// Collective over every rank of `bootstrap` (each calls it, also one that
-// serves no peer over verbs): opens the device, sets up a connection to
-// each of `peers` (every peer listed must list this rank too) and connects
-// their QPs. Returns nullptr, with `*whyNot` naming the rank that could not
-// and why (the same on every rank), so that all ranks can fall back
-// together. Throws Error(Timeout) past `deadline`, and Error(InvalidArgument)
-// for a bad knob or one that ranks set differently.
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, const Options& options,
-                                  net::Deadline deadline, std::string* whyNot);
+// The knobs as set (BRAID_IB_*, BRAID_SYSFS), checked: Error(InvalidArgument)
+// naming a bad one.
+Options optionsFromKnobs();
+
+// The transport's row in the table. The automatic choice takes it between
+// hosts where BRAID_IBVERBS allows and every rank has an active port. Its
+// create() is collective over every rank (also one that serves no peer
+// over verbs): it opens the device, sets up a connection to each peer and
+// connects their QPs; it returns nullptr, with `*whyNot` naming the rank
+// that could not and why (the same on every rank), so that all ranks can
+// pass it over together, and throws Error(Timeout) past the deadline and
+// Error(InvalidArgument) for a bad knob or one that ranks set differently.
+// Device buffers between ranks whose host buffers take it go over verbs
+// too (ibverbs_device.h).
+TransportEntry entry();
 
 }  // namespace braid::transport::ibverbs

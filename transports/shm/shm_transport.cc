@@ -22,6 +22,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "tuning/cost_model.h"
 
 namespace braid::transport::shm {
 namespace {
@@ -619,10 +620,11 @@ void agree(bootstrap::Bootstrap& bootstrap, const std::string& problem, const ch
                          bootstrap.rank(), r, what));
 }
 
-}  // namespace
-
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline) {
+std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& peers, std::string*) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const size_t slotBytes = setup.slotBytes;
+  const int slots = setup.slots;
+  const net::Deadline deadline = setup.deadline;
   const int rank = bootstrap.rank();
   // Ranks on one host form a group; each member's segment has one FIFO per
   // other member, in rank order.
@@ -694,6 +696,18 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   }
   BRAID_DEBUG(Init, "shm: %zu peers, %zu-byte segment", peers.size(), layout.total);
   return transport;
+}
+
+}  // namespace
+
+TransportEntry entry() {
+  TransportEntry entry;
+  entry.name = "shm";
+  entry.summary = "a FIFO per peer in POSIX shared memory, ranks on one host";
+  entry.reach = Reach::SameHost;
+  entry.create = create;
+  entry.hostLink = tuning::hostLinkModel(0.15e-6, 12e9);  // the sender's copy into the FIFO
+  return entry;
 }
 
 }  // namespace braid::transport::shm

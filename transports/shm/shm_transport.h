@@ -14,17 +14,13 @@
 // them, so a crash leaves nothing in /dev/shm.
 #pragma once
 
-#include <memory>
-#include <vector>
-
-#include "bootstrap/bootstrap.h"
-#include "transports/transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::shm {
 
-// Collective over `peers` (every peer listed must list this rank too).
-// Throws Error(SystemError) naming the segment when /dev/shm cannot hold it.
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline);
+// The transport's row in the table. Its create() is collective over every
+// rank (also one with no shm peers) and throws Error(SystemError) naming
+// the segment when /dev/shm cannot hold it.
+TransportEntry entry();
 
 }  // namespace braid::transport::shm

@@ -320,13 +320,13 @@ class TcpDeviceTransport final : public ProxiedDeviceTransport {
 
 }  // namespace
 
-std::unique_ptr<DeviceTransport> createDevice(bootstrap::Bootstrap& bootstrap,
-                                              const std::vector<int>& peers, device::Device& device,
-                                              int deviceIndex, size_t slotBytes, int slots,
-                                              net::Deadline deadline) {
-  auto transport = std::make_unique<TcpDeviceTransport>(device, deviceIndex, bootstrap.rank(),
-                                                        bootstrap.size(), slotBytes, slots);
-  transport->setUp(bootstrap, peers, deadline);
+std::unique_ptr<DeviceTransport> createDevice(const Setup& setup, const std::vector<int>& peers,
+                                              std::string*) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  auto transport =
+      std::make_unique<TcpDeviceTransport>(*setup.device, setup.deviceIndex, bootstrap.rank(),
+                                           bootstrap.size(), setup.slotBytes, setup.slots);
+  transport->setUp(bootstrap, peers, setup.deadline);
   return transport;
 }
 

@@ -21,23 +21,19 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "bootstrap/bootstrap.h"
-#include "device/device.h"
-#include "transports/device_transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::tcp {
 
 // Collective over the communicator (every rank calls it, also with no
 // peers): connects this rank's device FIFOs to `peers` (every peer listed
-// must list this rank too), `slots` slots of `slotBytes` each way, on
-// `deviceIndex` of `device`. When
+// must list this rank too) on Setup's device, in Setup's FIFO shape. When
 // any rank cannot (no page-locked memory, a socket that fails, another
 // FIFO shape), every rank throws the same Error naming that rank.
-std::unique_ptr<DeviceTransport> createDevice(bootstrap::Bootstrap& bootstrap,
-                                              const std::vector<int>& peers, device::Device& device,
-                                              int deviceIndex, size_t slotBytes, int slots,
-                                              net::Deadline deadline);
+std::unique_ptr<DeviceTransport> createDevice(const Setup& setup, const std::vector<int>& peers,
+                                              std::string* whyNot);
 
 }  // namespace braid::transport::tcp

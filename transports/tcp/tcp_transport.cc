@@ -12,6 +12,8 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/tcp/tcp_device.h"
+#include "tuning/cost_model.h"
 
 namespace braid::transport::tcp {
 namespace {
@@ -490,9 +492,9 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, int sockets,
-                                  net::Deadline deadline) {
+std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
+                                        const std::vector<int>& peers, size_t slotBytes, int slots,
+                                        int sockets, net::Deadline deadline) {
   auto transport = std::make_unique<TcpTransport>(bootstrap.size());
   const int rank = bootstrap.rank();
   // Socket k of a pair has its own purpose, so the pair's sockets pair up
@@ -520,6 +522,25 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
         std::make_unique<TcpConnection>(std::move(socketsOfPeer), peer, slotBytes, slots));
   }
   return transport;
+}
+
+TransportEntry entry() {
+  TransportEntry entry;
+  entry.name = "tcp";
+  entry.summary =
+      "stream sockets to any host (BRAID_NSOCKS_PERTHREAD per peer); device buffers "
+      "staged through host memory";
+  entry.reach = Reach::AnyHost;
+  entry.create = [](const Setup& setup, const std::vector<int>& peers,
+                    std::string*) -> std::unique_ptr<Transport> {
+    return connectPeers(setup.bootstrap, peers, setup.slotBytes, setup.slots, setup.knobs.sockets,
+                        setup.deadline);
+  };
+  entry.createDevice = createDevice;
+  entry.hostLink = tuning::hostLinkModel(15e-6, 3e9);
+  // The stream operations of a mapped FIFO around a network hop.
+  entry.deviceLink = tuning::deviceLinkModel(25e-6, 3e9);
+  return entry;
 }
 
 }  // namespace braid::transport::tcp

@@ -11,14 +11,22 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
-#include "transports/transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::tcp {
 
+// The transport's row in the table: host buffers over connectPeers() with
+// BRAID_NSOCKS_PERTHREAD sockets, and device buffers staged through host
+// memory (tcp_device.h).
+TransportEntry entry();
+
 // Collective over `peers` (every peer listed must list this rank too):
 // opens `sockets` connections per peer through the bootstrap listeners.
-// REQUIRES: every rank passes the same `sockets`, at least 1.
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, int sockets, net::Deadline deadline);
+// REQUIRES: every rank passes the same `sockets`, at least 1. Also the
+// side connection of transports that set up and watch their peers over
+// TCP (ibverbs).
+std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
+                                        const std::vector<int>& peers, size_t slotBytes, int slots,
+                                        int sockets, net::Deadline deadline);
 
 }  // namespace braid::transport::tcp

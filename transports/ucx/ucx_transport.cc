@@ -1,5 +1,6 @@
 #include "transports/ucx/ucx_transport.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "transports/ucx/ucx_api.h"
 #include "transports/ucx/ucx_connection.h"
 #include "transports/ucx/ucx_worker.h"
+#include "tuning/cost_model.h"
 
 namespace braid::transport::ucx {
 namespace {
@@ -238,11 +240,12 @@ std::string agree(bootstrap::Bootstrap& bootstrap, const std::string& mine,
   return "";
 }
 
-}  // namespace
-
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline,
+std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& peers,
                                   std::string* whyNot) {
+  bootstrap::Bootstrap& bootstrap = setup.bootstrap;
+  const size_t slotBytes = setup.slotBytes;
+  const int slots = setup.slots;
+  const net::Deadline deadline = setup.deadline;
   const int rank = bootstrap.rank();
   const int nranks = bootstrap.size();
   if (nranks > (1 << kRankBits)) {  // the same on every rank
@@ -311,6 +314,46 @@ std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::ve
   }
   for (int peer : peers) BRAID_DEBUG(Tcp, "ucx: connected to peer %d", peer);
   return transport;
+}
+
+// Whether `sysfs`/class/infiniband lists a device (InfiniBand or RoCE).
+bool hasRdmaDevice(const std::string& sysfs) {
+  DIR* dir = ::opendir((sysfs + "/class/infiniband").c_str());
+  if (!dir) return false;
+  bool found = false;
+  while (dirent* entry = ::readdir(dir))
+    if (entry->d_name[0] != '.') found = true;
+  ::closedir(dir);
+  return found;
+}
+
+// AUTO takes ucx only over RDMA, on every rank: over plain TCP, UCX's tcp
+// measured slower than braid's own (docs/performance.md). ON takes it
+// wherever it starts.
+bool everyRankCan(const Setup& setup, TransportUse use) {
+  if (use != TransportUse::Auto) return true;
+  const int without = firstRankWithout(setup, hasRdmaDevice(knobText("BRAID_SYSFS")));
+  if (without < 0) return true;
+  BRAID_INFO(Init,
+             "ranks on different hosts do not use ucx: rank %d has no RDMA device, and over plain "
+             "TCP braid's own sockets are faster than ucx (BRAID_UCX=ON takes ucx)",
+             without);
+  return false;
+}
+
+}  // namespace
+
+TransportEntry entry() {
+  TransportEntry entry;
+  entry.name = "ucx";
+  entry.summary = "UCX tagged messages (its own wires: RDMA, shared memory, TCP), any host";
+  entry.reach = Reach::AnyHost;
+  entry.create = create;
+  entry.useKnob = "BRAID_UCX";
+  entry.use = &Knobs::ucx;
+  entry.everyRankCan = everyRankCan;
+  entry.hostLink = tuning::hostLinkModel(15e-6, 3e9);  // not measured apart from tcp's yet
+  return entry;
 }
 
 }  // namespace braid::transport::ucx

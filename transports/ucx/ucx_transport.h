@@ -23,25 +23,20 @@
 //   host unless UCX_POSIX_ERROR_HANDLING=y lets it use posix shared memory.
 #pragma once
 
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "bootstrap/bootstrap.h"
-#include "transports/transport.h"
+#include "transports/table.h"
 
 namespace braid::transport::ucx {
 
-// Collective over every rank of `bootstrap` (each calls it, also one that
-// serves no peer over UCX): loads UCX and opens this rank's context and
-// worker, exchanges worker addresses through the bootstrap's allgather,
-// makes an endpoint to each of `peers` (every peer listed must list this
-// rank too) and waits until each has said hello. Returns nullptr, with
-// `*whyNot` naming the rank that could not start UCX or reach a peer and
-// why (the same on every rank), so that all ranks can fall back together.
-// Throws Error(Timeout) past `deadline`.
-std::unique_ptr<Transport> create(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
-                                  size_t slotBytes, int slots, net::Deadline deadline,
-                                  std::string* whyNot);
+// The transport's row in the table. The automatic choice takes it between
+// hosts where BRAID_UCX allows and, under AUTO, every rank has an RDMA
+// device (over plain TCP braid's own socket transport measured faster).
+// Its create() is collective over every rank (also one that serves no
+// peer over UCX): it loads UCX and opens this rank's context and worker,
+// exchanges worker addresses through the bootstrap's allgather, makes an
+// endpoint to each peer and waits until each has said hello; it returns
+// nullptr, with `*whyNot` naming the rank that could not start UCX or
+// reach a peer and why (the same on every rank), so that all ranks can
+// pass it over together, and throws Error(Timeout) past the deadline.
+TransportEntry entry();
 
 }  // namespace braid::transport::ucx

@@ -1,4 +1,4 @@
-#include "transports/nvlink_p2p/shared_blocks.h"
+#include "transports/cuda_ipc/shared_blocks.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 
-namespace braid::transport::nvlink_p2p {
+namespace braid::transport::cuda_ipc {
 namespace {
 
 using Key = std::tuple<uint64_t, int, int>;  // job, owner, user
@@ -78,4 +78,4 @@ void withdraw(uint64_t job, int owner, int user) {
   t.blocks.erase(found);
 }
 
-}  // namespace braid::transport::nvlink_p2p
+}  // namespace braid::transport::cuda_ipc

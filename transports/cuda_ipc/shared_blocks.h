@@ -1,5 +1,6 @@
-// nvlink_p2p: device memory between ranks of one process (several GPUs
-// driven by one process, Communicator::initAll, ncclCommInitAll).
+// The cuda_ipc transport's path between ranks of one process (several GPUs
+// driven by one process, Communicator::initAll, ncclCommInitAll), which
+// braid-info and the logs call nvlink_p2p.
 //
 // Ranks that share an address space need no IPC to reach each other's FIFO
 // blocks: a rank's block for a peer is a pointer the peer's kernels use as
@@ -22,7 +23,7 @@
 
 #include "device/device.h"
 
-namespace braid::transport::nvlink_p2p {
+namespace braid::transport::cuda_ipc {
 
 // The same for every rank of this process, and different in every other
 // process (also in another PID namespace): two ranks on one host share an
@@ -67,4 +68,4 @@ BlockRef take(uint64_t job, int owner, int user);
 // failed half way).
 void withdraw(uint64_t job, int owner, int user);
 
-}  // namespace braid::transport::nvlink_p2p
+}  // namespace braid::transport::cuda_ipc
