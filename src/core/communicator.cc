@@ -542,12 +542,11 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
                        const algo::Shape& shape, DataType type, const void* input, void* output,
                        Stream stream, bool onDevice) {
   PendingOp op;
-  op.collective = collective;
+  op.kind = collective;
   op.info.name = name;
   op.info.seq = impl.nextCollectiveSeq();
   op.info.count = shape.count;
   op.info.type = type;
-  op.planned = collective;
   op.shape = shape;
   op.input = input;
   op.output = output;
@@ -597,15 +596,15 @@ bool RegisteredWindow::reachesEveryRank() const {
 void Communicator::Impl::mapBuffers(PendingOp& op) const {
   // Only these collectives have direct plans.
   if (windows.empty() || nranks > algo::kMaxDirectRanks ||
-      (op.collective != Collective::AllReduce && op.collective != Collective::AllGather &&
-       op.collective != Collective::Broadcast))
+      (op.kind != Collective::AllReduce && op.kind != Collective::AllGather &&
+       op.kind != Collective::Broadcast))
     return;
   const size_t bytes = op.shape.count * dataTypeSize(op.info.type);
   if (bytes == 0) return;
   // The buffers the direct plans reach into: every rank's input and
   // output for all-reduce, the output for all-gather and broadcast.
-  const bool inputs = op.collective == Collective::AllReduce;
-  const size_t outBytes = op.collective == Collective::AllGather ? bytes * nranks : bytes;
+  const bool inputs = op.kind == Collective::AllReduce;
+  const size_t outBytes = op.kind == Collective::AllGather ? bytes * nranks : bytes;
   auto windowOf = [&](const void* pointer, size_t length) -> const RegisteredWindow* {
     for (const RegisteredWindow& w : windows)
       if (w.reachesEveryRank() && w.at(rank, pointer, length)) return &w;
@@ -804,8 +803,8 @@ Work Communicator::reduceScatter(const void* send, void* recv, size_t recvCount,
 
 namespace {
 
-PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input, void* output,
-                       size_t count, DataType type, int peer, Stream stream, bool onDevice) {
+PendingOp pointToPointOp(Communicator::Impl& impl, bool sending, const void* input, void* output,
+                         size_t count, DataType type, int peer, Stream stream, bool onDevice) {
   algo::Shape shape = shapeFor(impl, count, type, onDevice);
   shape.peer = peer;
   uint64_t& seq = sending ? impl.sendSeq[peer] : impl.recvSeq[peer];
@@ -815,12 +814,11 @@ PendingOp pointToPoint(Communicator::Impl& impl, bool sending, const void* input
   op.info.count = count;
   op.info.type = type;
   op.info.peer = peer;
-  op.planned = sending ? Collective::Send : Collective::Recv;
+  op.kind = sending ? Collective::Send : Collective::Recv;
   op.shape = shape;
   op.input = input;
   op.output = output;
   // The k-th send from A to B meets the k-th receive at B from A.
-  op.pointToPoint = true;
   placeOn(op, onDevice, stream);
   return op;
 }
@@ -835,7 +833,8 @@ Work Communicator::send(const void* buffer, size_t count, DataType type, int pee
   check.size("count", count, type);
   check.buffer("buffer", buffer, count);
   const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
-  return impl.issue(pointToPoint(impl, true, buffer, nullptr, count, type, peer, stream, onDevice));
+  return impl.issue(
+      pointToPointOp(impl, true, buffer, nullptr, count, type, peer, stream, onDevice));
 }
 
 Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Stream stream) {
@@ -847,7 +846,7 @@ Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Str
   check.buffer("buffer", buffer, count);
   const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
   return impl.issue(
-      pointToPoint(impl, false, nullptr, buffer, count, type, peer, stream, onDevice));
+      pointToPointOp(impl, false, nullptr, buffer, count, type, peer, stream, onDevice));
 }
 
 Work Communicator::barrier(Stream stream) {

@@ -46,13 +46,12 @@ struct PendingOp {
   // call may time algorithms then, with the other ranks: see resolvePlan).
   const algo::Plan* plan = nullptr;
   std::shared_ptr<const algo::Plan> keepPlan;  // set for ops that run after issue() returns
-  Collective planned = Collective::AllReduce;  // the plan's collective (Send/Recv for p2p)
+  // What the op is: a collective, or Send or Recv (point-to-point).
+  Collective kind = Collective::AllReduce;
   algo::Shape shape;
   const void* input = nullptr;
   void* output = nullptr;
   uint32_t tag = 0;  // set by issue()
-  Collective collective = Collective::AllReduce;
-  bool pointToPoint = false;
   bool async = false;
   // Its buffers are device memory: it is enqueued on `deviceStream` (a
   // cudaStream_t, or the emulated device's stream).
@@ -63,6 +62,8 @@ struct PendingOp {
   std::vector<const std::byte*> peerInputs;
   std::vector<std::byte*> peerOutputs;
   std::shared_ptr<Work::State> work;
+
+  bool pointToPoint() const { return kind == Collective::Send || kind == Collective::Recv; }
 };
 
 // A window this rank registered: its memory, and every rank's as this

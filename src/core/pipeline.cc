@@ -29,8 +29,8 @@ struct Extents {
 
 Extents extentsOf(const PendingOp& op, int nranks) {
   size_t inBytes = op.info.count * dataTypeSize(op.info.type), outBytes = inBytes;
-  if (op.collective == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
-  if (op.collective == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
+  if (op.kind == Collective::AllGather) outBytes *= static_cast<size_t>(nranks);
+  if (op.kind == Collective::ReduceScatter) inBytes *= static_cast<size_t>(nranks);
   return {static_cast<const std::byte*>(op.input), op.input ? inBytes : 0,
           static_cast<const std::byte*>(op.output), op.output ? outBytes : 0};
 }
@@ -103,7 +103,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   }
   uint64_t completed = completedSeq.load(std::memory_order_relaxed);
   for (size_t i = 0; i < count; ++i) {
-    if (!ops[i].pointToPoint) completed = std::max(completed, ops[i].info.seq + 1);
+    if (!ops[i].pointToPoint()) completed = std::max(completed, ops[i].info.seq + 1);
     if (ops[i].work) ops[i].work->complete(nullptr);
   }
   completedSeq.store(completed, std::memory_order_relaxed);
@@ -124,7 +124,7 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
     lane.type = op.info.type;
     lane.op = op.info.op;
     lane.nranks = nranks;
-    lane.pointToPoint = op.pointToPoint;
+    lane.pointToPoint = op.pointToPoint();
     lane.tag = op.tag;
     lane.info = op.info;
     lane.peerInputs = std::move(ops[i].peerInputs);  // (read only while lowering, below)
@@ -132,7 +132,7 @@ void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
     if (std::find(streams.begin(), streams.end(), op.deviceStream) == streams.end())
       streams.push_back(op.deviceStream);
     works.push_back(op.work);
-    if (!op.pointToPoint) {
+    if (!op.pointToPoint()) {
       collective = true;
       lastSeq = std::max(lastSeq, op.info.seq + 1);
     }
@@ -225,8 +225,8 @@ namespace {
 uint32_t tagFor(const PendingOp& op) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
-  if (!op.pointToPoint) {
-    mix(static_cast<uint64_t>(op.collective));
+  if (!op.pointToPoint()) {
+    mix(static_cast<uint64_t>(op.kind));
     mix(op.info.reduces ? static_cast<uint64_t>(op.info.op) : 99);
     mix(static_cast<uint64_t>(op.info.root + 1));
   }
@@ -234,7 +234,7 @@ uint32_t tagFor(const PendingOp& op) {
   mix(static_cast<uint64_t>(op.info.type));
   mix(op.shape.mapped ? 1 : 0);  // ranks that disagree on windows fail, naming the mismatch
   uint32_t shape = static_cast<uint32_t>(h ^ (h >> 32)) & 0x7fff;
-  return (op.pointToPoint ? 0x80000000u : 0u) | shape << 16 |
+  return (op.pointToPoint() ? 0x80000000u : 0u) | shape << 16 |
          static_cast<uint32_t>(op.info.seq & 0xffff);
 }
 
@@ -242,7 +242,7 @@ uint32_t tagFor(const PendingOp& op) {
 
 void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
   PlanCache& cache = op.onDevice ? devicePlans : plans;
-  op.plan = cache.get(op.planned, op.shape).get();
+  op.plan = cache.get(op.kind, op.shape).get();
   // (Its plan is the cache's last one: it was looked up just now.)
   if (keep) op.keepPlan = cache.last();
 }
@@ -250,7 +250,7 @@ void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
 void Communicator::Impl::verifySameCollective(const PendingOp& op) {
   constexpr size_t kFields = 6;
   const int64_t mine[kFields] = {static_cast<int64_t>(op.info.seq),
-                                 static_cast<int64_t>(op.collective),
+                                 static_cast<int64_t>(op.kind),
                                  static_cast<int64_t>(op.info.type),
                                  static_cast<int64_t>(op.info.count),
                                  op.info.reduces ? static_cast<int64_t>(op.info.op) : -1,
@@ -263,7 +263,7 @@ void Communicator::Impl::verifySameCollective(const PendingOp& op) {
       tuning::choose(Collective::AllGather, shape, tuning::AlgoPreference{}, knobs.oneShotBytes),
       shape);
   PendingOp check;
-  check.collective = Collective::AllGather;
+  check.kind = Collective::AllGather;
   check.info.name = "allGather (BRAID_DEBUG_COLLECTIVES check)";
   check.info.seq = nextCollectiveSeq();
   check.info.count = kFields;
@@ -306,7 +306,7 @@ void Communicator::Impl::verifySameCollective(const PendingOp& op) {
 }
 
 Work Communicator::Impl::issue(PendingOp&& op) {
-  if (knobs.debugCollectives && !op.pointToPoint) verifySameCollective(op);
+  if (knobs.debugCollectives && !op.pointToPoint()) verifySameCollective(op);
   op.tag = tagFor(op);
   // An op that runs later keeps its plan: the cache may evict it meanwhile.
   if (groupDepth == 0) resolvePlan(op, op.async);
@@ -379,7 +379,7 @@ algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const 
       for (int call = 0; call <= (round ? batch : 0); ++call) {
         if (call == 1) start = Clock::now();
         PendingOp op;
-        op.collective = collective;
+        op.kind = collective;
         op.info.name = kNames[static_cast<size_t>(collective)];
         op.info.seq = nextCollectiveSeq();
         op.info.count = shape.count;
@@ -412,7 +412,7 @@ algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const 
       agree);
   std::vector<double> slowest(seconds.size());
   PendingOp op;
-  op.collective = Collective::AllReduce;
+  op.kind = Collective::AllReduce;
   op.info.name = "allReduce (tuning agreement)";
   op.info.seq = nextCollectiveSeq();
   op.info.count = seconds.size();
