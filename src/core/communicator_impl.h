@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -23,6 +24,12 @@
 #include "transports/wiring.h"
 
 namespace braid {
+
+// The deadline `timeout` from now: of a communicator's set-up, or of one
+// agreement among its ranks.
+inline net::Deadline deadlineAfter(std::chrono::milliseconds timeout) {
+  return std::chrono::steady_clock::now() + timeout;
+}
 
 struct Work::State {
   std::mutex mutex;
