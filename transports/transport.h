@@ -6,8 +6,9 @@
 // reads the message in place from the oldest filled receive slot and
 // releases it. How a posted slot reaches the peer's receive slot is the
 // transport's business: a socket write and a receive path (tcp), a slot that
-// already is in shared memory (shm), an RDMA write into registered memory
-// (verbs), a device-to-device copy (CUDA IPC, NVLink). Every message carries
+// already is in shared memory (shm), a tagged send into a posted receive
+// (ucx), an RDMA write into registered memory (ibverbs). (Device buffers
+// travel over DeviceConnections instead: device_transport.h.) Every message carries
 // a 32-bit tag (the op's sequence number) so a mismatched collective is
 // caught instead of silently combining the wrong data.
 //

@@ -89,7 +89,7 @@ class Communicator {
   // One process driving several devices, as ncclCommInitAll: a communicator
   // of devices.size() ranks, all in this process, rank i on devices[i] (a
   // device may appear more than once), returned in rank order. Ranks of
-  // one process reach each other's device memory directly (nvlink_p2p);
+  // one process reach each other's device memory directly;
   // ops on device buffers only enqueue, so one thread can issue a
   // collective on every rank in turn and then wait for their streams. A
   // process without a device gets communicators for host buffers. Throws
@@ -155,11 +155,11 @@ class Communicator {
   // it must be an allocation braid made (ncclMemAlloc), from its start, and
   // every rank registers the same size. From then on a device collective
   // whose buffers lie in windows, at the same offsets on every rank (the
-  // symmetric contract), moves its data by direct loads and stores into
-  // the peers' windows: one-shot all-reduce up to 256 KiB and two-shot
-  // above (at most 8 ranks, all on this host), one-shot all-gather and
-  // broadcast; BRAID_ALGO can still force another algorithm. Ranks must
-  // agree on which calls use windows. Throws Error(InvalidArgument) naming
+  // symmetric contract), may move its data by direct loads and stores into
+  // the peers' windows (all-reduce, all-gather and broadcast, when all
+  // ranks are on this host; docs/algorithms-and-tuning.md says which
+  // algorithm runs at which size, and BRAID_ALGO can force one). Ranks
+  // must agree on which calls use windows. Throws Error(InvalidArgument) naming
   // the argument, or the rank whose window differs, with nothing
   // registered anywhere.
   Window registerWindow(void* buffer, size_t bytes);
