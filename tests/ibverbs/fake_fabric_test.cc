@@ -1,8 +1,8 @@
-// The fake fabric (transports/ibverbs/fake_fabric.h) across processes: a
+// The fake fabric (tests/fake_fabric/fake_fabric.h) across processes: a
 // forked child holds the other end of each connection; the two swap QP
 // numbers, GIDs, addresses and rkeys over a socketpair and then tell each
 // other when a step is done.
-#include "transports/ibverbs/fake_fabric.h"
+#include "tests/fake_fabric/fake_fabric.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -7,7 +7,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "transports/ibverbs/fake_fabric.h"
+#include "transports/ibverbs/fake_fabric_loader.h"
 #include "transports/ibverbs/ib_select.h"
 #include "transports/ibverbs/ib_wire.h"
 #include "transports/ibverbs/ibverbs_connection.h"
@@ -264,7 +264,7 @@ SelectOptions selectOptions(const Options& options) {
 }
 
 std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why) {
-  if (!options.fake.empty()) return makeFakeFabric({options.fake, options.fakeFault});
+  if (!options.fake.empty()) return loadFakeFabric(options.fake, options.fakeFault, why);
   return loadLibibverbs(why);
 }
 

@@ -1,6 +1,7 @@
 // The ibverbs transport: RC queue pairs over InfiniBand or RoCE, driven
-// through the VerbsBackend seam (verbs_backend.h): libibverbs, loaded at
-// run time, or the fake fabric the tests run it over. The FIFO protocol is
+// through the VerbsBackend seam (verbs_backend.h): libibverbs, or the fake
+// fabric the tests run it over (libbraid_fake_fabric.so, from
+// tests/fake_fabric), each loaded at run time. The FIFO protocol is
 // in ibverbs_connection.h: RDMA WRITE_WITH_IMM into the peer's slots,
 // credit returned in immediates, only every k-th WR signaled, several QPs
 // per connection striping large messages (BRAID_IB_QPS_PER_CONNECTION).
@@ -41,8 +42,10 @@ struct Options {
   TransportUse gdr = TransportUse::Auto;
 };
 
-// The backend `options` name: the fake fabric, or libibverbs (nullptr,
-// with `*why`, where it cannot be loaded). For this folder's transports.
+// The backend `options` name: the fake fabric (BRAID_IB_FAKE), or
+// libibverbs; nullptr, with `*why`, where its library cannot be loaded.
+// Throws Error(InvalidArgument) for a fake fabric's bad BRAID_IB_FAKE_FAULT.
+// For this folder's transports.
 std::unique_ptr<VerbsBackend> openBackend(const Options& options, std::string* why);
 // The device and port filter of `options`.
 SelectOptions selectOptions(const Options& options);

@@ -1,12 +1,15 @@
 // VerbsBackend: the seam between the ibverbs transport's protocol engine
 // and the RDMA device. Everything the engine does to a device goes through
 // these operations, on braid's own plain structs, so the same engine runs
-// over libibverbs (verbs_real.cc, loaded at run time) and over the fake
-// fabric the tests use (fake_fabric.h: memory regions in shared memory,
-// completions pushed into the peer's queue). The seam sits above verbs.h,
-// not in front of the library: ibv_post_send and ibv_poll_cq are inline
-// functions there, so a backend is a whole implementation of the
-// operations, not a table of library symbols.
+// over libibverbs (verbs_real.h) and over the fake fabric the tests use
+// (tests/fake_fabric/fake_fabric.h: memory regions in shared memory,
+// completions pushed into the peer's queue). Both are loaded at run time:
+// libbraid links neither, and loads the fake's library only when
+// BRAID_IB_FAKE names a fabric (fake_fabric_loader.h), so a change to
+// VerbsBackend changes that library's interface too (kFakeFabricInterface).
+// The seam sits above verbs.h, not in front of the library: ibv_post_send
+// and ibv_poll_cq are inline functions there, so a backend is a whole
+// implementation of the operations, not a table of library symbols.
 //
 // Handles are pointers to types each backend defines for itself. A handle
 // is used by one thread at a time (the engine's executor), except that

@@ -3,6 +3,14 @@
 // same user, also in different network namespaces: they need one pid
 // namespace, /proc and each other's file descriptors, not a network.
 //
+// Test equipment, not part of libbraid: it is built as its own library,
+// libbraid_fake_fabric.so (fake_fabric_library.cc exports its one entry
+// point), which libbraid loads when BRAID_IB_FAKE names a fabric
+// (transports/ibverbs/fake_fabric_loader.h). Its own tests link these
+// files directly and call makeFakeFabric(). One copy of the fake serves a
+// process: QP numbers are unique per copy, so backends of a linked copy
+// and of a loaded one in the same process may clash.
+//
 // What it looks like: one device "fake_0" with one Active port, link
 // layer Ethernet (RoCE), MTU 4096, LID 0, and a GID table of four entries
 // of which two are set: index 0 link-local (fe80::), index 1 IPv4-mapped

@@ -4,7 +4,7 @@
 // The handle types of verbs_backend.h are never defined here (another
 // backend may define them in the same binary): the fake's own types are
 // reinterpret_cast to and from them.
-#include "transports/ibverbs/fake_fabric.h"
+#include "tests/fake_fabric/fake_fabric.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "transports/ibverbs/fake_fabric_shared.h"
+#include "tests/fake_fabric/fake_fabric_shared.h"
 
 namespace braid::transport::ibverbs {
 namespace fake_fabric {

@@ -1,5 +1,5 @@
 // The fake fabric's shared memory (fake_fabric_shared.h).
-#include "transports/ibverbs/fake_fabric_shared.h"
+#include "tests/fake_fabric/fake_fabric_shared.h"
 
 #include <dirent.h>
 #include <fcntl.h>
