@@ -1,10 +1,12 @@
 // The fake fabric (tests/fake_fabric/fake_fabric.h) across processes: a
 // forked child holds the other end of each connection; the two swap QP
 // numbers, GIDs, addresses and rkeys over a socketpair and then tell each
-// other when a step is done.
+// other when a step is done. And its library, loaded as libbraid loads it
+// (transports/ibverbs/fake_fabric_loader.h).
 #include "tests/fake_fabric/fake_fabric.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -17,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "braid/error.h"
+#include "transports/ibverbs/fake_fabric_loader.h"
 
 namespace braid::transport::ibverbs {
 namespace {
@@ -96,13 +100,17 @@ struct PairSetup {
   std::string childFault;      // the child's FakeOptions::fault
   bool parentConnects = true;  // false: the parent's QP stays in RESET
   bool childOwnNetns = false;  // the child enters network and mount namespaces of its own
+  // The parent's backend comes from libbraid_fake_fabric.so, as libbraid's
+  // does (the child's is linked in, as everywhere else here).
+  bool parentLoadsTheLibrary = false;
 };
 
 // A backend with one device, a send and a receive CQ, one RC QP and a
 // target block registered for local and remote access.
 struct End {
-  End(const std::string& fabric, const std::string& fault, const PairSetup& setup) {
-    backend = makeFakeFabric({fabric, fault});
+  End(const std::string& fabric, const std::string& fault, const PairSetup& setup)
+      : End(makeFakeFabric({fabric, fault}), setup) {}
+  End(std::unique_ptr<VerbsBackend> made, const PairSetup& setup) : backend(std::move(made)) {
     device = backend->openDevice("fake_0", nullptr);
     pd = backend->allocPd(device);
     sendCq = backend->createCq(device, setup.sendCqDepth);
@@ -183,6 +191,17 @@ struct End {
   PathOptions path;
 };
 
+// Where the build put libbraid_fake_fabric.so.
+const std::string kLibraryDirectory = BRAID_FAKE_FABRIC_DIR;
+
+// A backend of libbraid_fake_fabric.so, loaded as libbraid loads it.
+std::unique_ptr<VerbsBackend> loadedBackend(const std::string& fabric) {
+  std::string why;
+  std::unique_ptr<VerbsBackend> backend = loadFakeFabric(fabric, "", &why, kLibraryDirectory);
+  if (!backend) throw std::runtime_error(why);
+  return backend;
+}
+
 std::string testFabric() {
   return "fake-fabric-test-" + std::to_string(getpid()) + "-" +
          ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -219,7 +238,8 @@ class TwoProcesses {
       skipped_ = true;
       return;
     }
-    end_ = std::make_unique<End>(fabric, "", setup);
+    end_ = setup.parentLoadsTheLibrary ? std::make_unique<End>(loadedBackend(fabric), setup)
+                                       : std::make_unique<End>(fabric, "", setup);
     channel_.send(end_->wire());
     peer_ = channel_.recv<Wire>();
     if (setup.parentConnects) end_->connect(peer_);
@@ -1439,6 +1459,93 @@ TEST(FakeFabric, DestroyingTheBackendFreesWhatWasLeftOpen) {
   EXPECT_EQ(listing("/proc/self/fd").size(), fdsBefore);
   EXPECT_EQ(mappingCount(), mappingsBefore);
   EXPECT_EQ(mappingCount(kDmabufName), dmabufMappingsBefore);
+}
+
+// ------------------------------------------------------------ the library
+
+// A process holds one copy of the fake (QP numbers are unique per copy),
+// so the library's backend meets a linked one in another process, as the
+// backends of libbraid's ranks meet each other.
+TEST(FakeFabricLibrary, ItsBackendAndALinkedOneInAnotherProcessWriteToEachOther) {
+  PairSetup setup;
+  setup.parentLoadsTheLibrary = true;
+  TwoProcesses p(setup, [](End& e, Channel& channel, const Wire& peer) {
+    channel.recv<char>();  // the peer's receive is posted
+    std::memset(e.target, 0x5a, 64);
+    CHILD_CHECK(e.post(e.wr(Opcode::WriteWithImm, 1, 0, 64, peer, 128, true, 77)) == 0);
+    const auto c = e.next(e.sendCq);
+    CHILD_CHECK(c && c->status == WcStatus::Success && c->wrId == 1);
+    channel.recv<char>();  // the peer wrote here
+    CHILD_CHECK(countBytes(e.target + 256, 64, 0xa5) == 64);
+    return 0;
+  });
+  End& loaded = p.end();
+  EXPECT_EQ(loaded.backend->describe(), "fake fabric '" + testFabric() + "'");
+  ASSERT_EQ(loaded.postRecv(5), 0);
+  p.channel().send('r');
+  const auto received = loaded.next(loaded.recvCq);
+  ASSERT_TRUE(received);
+  EXPECT_EQ(received->wrId, 5u);
+  EXPECT_EQ(received->imm, 77u);
+  EXPECT_EQ(countBytes(loaded.target + 128, 64, 0x5a), 64);
+  std::memset(loaded.target, 0xa5, 64);
+  ASSERT_EQ(loaded.post(loaded.wr(Opcode::Write, 2, 0, 64, p.peer(), 256)), 0);
+  const auto sent = loaded.next(loaded.sendCq);
+  ASSERT_TRUE(sent);
+  EXPECT_EQ(sent->status, WcStatus::Success);
+  p.channel().send('w');
+  EXPECT_EQ(p.finish(), 0);
+}
+
+TEST(FakeFabricLibrary, BadFaultSpecComesBackAsAnInvalidArgumentNamingTheKnob) {
+  std::string why;
+  try {
+    loadFakeFabric("fake-fabric-test-spec", "retry@0", &why, kLibraryDirectory);
+    ADD_FAILURE() << "'retry@0' was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("BRAID_IB_FAKE_FAULT 'retry@0'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(why, "");
+}
+
+TEST(FakeFabricLibrary, ACallerOfAnotherInterfaceVersionIsRefused) {
+  const std::string path = kLibraryDirectory + "/" + kFakeFabricLibrary;
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << ::dlerror();
+  const auto create = reinterpret_cast<FakeFabricCreate>(::dlsym(handle, kFakeFabricEntry));
+  ASSERT_NE(create, nullptr) << path << " lacks " << kFakeFabricEntry;
+  int code = -1;
+  std::string message;
+  EXPECT_EQ(create(kFakeFabricInterface + 1, "fake-fabric-test-version", "", &code, &message),
+            nullptr);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(message, "it was built for interface " + std::to_string(kFakeFabricInterface) +
+                         ", libbraid asks for " + std::to_string(kFakeFabricInterface + 1));
+  std::unique_ptr<VerbsBackend> made(
+      create(kFakeFabricInterface, "fake-fabric-test-version", "", &code, &message));
+  ASSERT_TRUE(made) << message;
+  EXPECT_EQ(made->deviceNames(), std::vector<std::string>{"fake_0"});
+}
+
+// In a fresh process (the death test's "threadsafe" style executes this
+// program again), where nothing has loaded the library yet and the loader's
+// search path does not reach the build's lib/.
+TEST(FakeFabricLibrary, AMissingLibraryIsNamedWithEachPathTriedAndTheKnob) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::string why;
+        const bool loaded =
+            loadFakeFabric("x", "", &why, "/nonexistent/fake-fabric-test") != nullptr;
+        std::fprintf(stderr, "%s\n", why.c_str());
+        std::_Exit(loaded ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0),
+      "BRAID_IB_FAKE: cannot load /nonexistent/fake-fabric-test/libbraid_fake_fabric\\.so "
+      "\\(cannot open shared object file: No such file or directory\\) nor "
+      "libbraid_fake_fabric\\.so on the loader's search path \\(the same\\)");
 }
 
 }  // namespace
