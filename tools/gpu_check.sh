@@ -126,8 +126,15 @@ main() {
   if grep -q "NCCL ABI checked against" "$logs/configure.log"; then
     programs=(nccl_device_program peer-nccl-device)
   fi
+  # The fake fabric the ibverbs step runs over: a library libbraid loads at
+  # run time, which no target links, so it is named here.
+  equipment=()
+  if grep -q "building the ibverbs transport" "$logs/configure.log"; then
+    equipment=(braid_fake_fabric)
+  fi
   step build 300 cmake --build "$build" -j "$(nproc)" \
-    --target "${suites[@]}" "${programs[@]}" braid-run braid-perf braid-bench-device-kernels
+    --target "${suites[@]}" "${programs[@]}" "${equipment[@]}" braid-run braid-perf \
+    braid-bench-device-kernels
 
   # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
   # with status 0, so the output decides.
