@@ -95,7 +95,7 @@ TEST(Knobs, NcclDebugVariablesSetTheLogLevelAndSubsystems) {
   ::unsetenv("BRAID_LOG_LEVEL");
   ::unsetenv("BRAID_LOG_SUBSYS");
   EXPECT_TRUE(log::enabled(log::Level::Info, log::Subsys::Init));
-  EXPECT_TRUE(log::enabled(log::Level::Info, log::Subsys::Tcp));  // NCCL's NET
+  EXPECT_TRUE(log::enabled(log::Level::Info, log::Subsys::Net));  // NCCL's NET
   EXPECT_FALSE(log::enabled(log::Level::Info, log::Subsys::Coll));
   EXPECT_FALSE(log::enabled(log::Level::Debug, log::Subsys::Init));
   // The socket interface alias.

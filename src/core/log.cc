@@ -12,7 +12,7 @@
 namespace braid::log {
 namespace {
 
-const char* const kSubsysNames[] = {"init", "bootstrap", "tcp", "exec", "coll", "env"};
+const char* const kSubsysNames[] = {"init", "bootstrap", "net", "exec", "coll", "env"};
 constexpr int kNumSubsys = sizeof(kSubsysNames) / sizeof(kSubsysNames[0]);
 const char* const kLevelNames[] = {"off", "warn", "info", "debug", "trace"};
 
@@ -31,7 +31,8 @@ struct Settings {
       if (strcasecmp(nccl, "TRACE") == 0) level = Level::Trace;
     }
     // A list of subsystems, or with a leading '^' the ones to leave out.
-    // NCCL_DEBUG_SUBSYS's NET stands for tcp, its SHM and P2P for exec.
+    // NCCL_DEBUG_SUBSYS's SHM and P2P stand for exec; "tcp", this
+    // subsystem's name before the network transports shared it, for net.
     const char* filter = std::getenv("BRAID_LOG_SUBSYS");
     if (!filter || !*filter) filter = std::getenv("NCCL_DEBUG_SUBSYS");
     if (filter && *filter && strcasecmp(filter, "all") != 0) {
@@ -43,7 +44,7 @@ struct Settings {
         size_t end = list.find(',', start);
         if (end == std::string::npos) end = list.size();
         std::string name = list.substr(start, end - start);
-        if (strcasecmp(name.c_str(), "net") == 0) name = "tcp";
+        if (strcasecmp(name.c_str(), "tcp") == 0) name = "net";
         if (strcasecmp(name.c_str(), "shm") == 0 || strcasecmp(name.c_str(), "p2p") == 0)
           name = "exec";
         for (int i = 0; i < kNumSubsys; ++i)

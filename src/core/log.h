@@ -11,7 +11,7 @@ enum class Level : int { Off = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
 
 // Subsystems name where a line comes from; BRAID_LOG_SUBSYS=init,tcp keeps
 // only those (default: all).
-enum class Subsys : int { Init, Bootstrap, Tcp, Exec, Coll, Env };
+enum class Subsys : int { Init, Bootstrap, Net, Exec, Coll, Env };
 
 // True when a line at `level` from `subsys` would be written. Cheap: the
 // configuration is read from the environment once per process.

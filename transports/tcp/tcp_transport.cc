@@ -516,7 +516,7 @@ std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
         connected.back().second.push_back(bootstrap.acceptFrom(peer, purpose(k), deadline));
     }
   for (auto& [peer, socketsOfPeer] : connected) {
-    BRAID_DEBUG(Tcp, "connected to peer %d (%s), %d socket(s)", peer,
+    BRAID_DEBUG(Net, "connected to peer %d (%s), %d socket(s)", peer,
                 socketsOfPeer[0].peerAddress().toString().c_str(), sockets);
     transport->add(
         std::make_unique<TcpConnection>(std::move(socketsOfPeer), peer, slotBytes, slots));

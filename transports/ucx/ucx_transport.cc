@@ -312,7 +312,7 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
     *whyNot = first;
     return nullptr;
   }
-  for (int peer : peers) BRAID_DEBUG(Tcp, "ucx: connected to peer %d", peer);
+  for (int peer : peers) BRAID_DEBUG(Net, "ucx: connected to peer %d", peer);
   return transport;
 }
 
