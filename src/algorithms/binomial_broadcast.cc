@@ -6,8 +6,9 @@
 // root sends up to log2(n) * S bytes, every other rank receives S bytes.
 // Chunks stream, so a deep rank starts forwarding chunk 0 while its parent
 // still sends it chunk 1.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 

@@ -6,8 +6,9 @@
 // v - lowbit(v). ceil(log2 n) hops; a rank with c children receives c * S
 // bytes and sends S. A non-root rank sums in the scratch area, so chunks
 // are at most kScratchBytes.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 

@@ -6,8 +6,9 @@
 // range that wraps past the last block travels as two messages), so no
 // rotation is needed at the end. ceil(log2 n) rounds; each rank sends and
 // receives (n-1) * S bytes for an S-byte input.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 namespace {

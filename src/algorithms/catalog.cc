@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
 
 namespace braid::algo {
 namespace {

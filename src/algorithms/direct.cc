@@ -11,8 +11,9 @@
 // A round of Signals goes to r+1, r+2, ..., r-1 and comes from r-1, ...,
 // r+1 in the same steps; the executor posts a round's messages before it
 // waits for any of them.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 namespace {
@@ -34,7 +35,9 @@ void signalAll(Plan& plan, const Shape& shape) {
 // One-shot: arrived; out = in_0 op in_1 op ... op in_{n-1}, read where they
 // are, in one kernel (into scratch first when the output is where a peer
 // may still be reading this rank's input: it is copied out once every
-// rank is done); done.
+// rank is done); done. Each rank reads (n-1) * S bytes from its peers, and
+// the result is bitwise the same everywhere. REQUIRES: shape.mapped,
+// nranks <= kMaxDirectRanks.
 Plan oneShotMappedAllReduce(const Shape& shape) {
   Plan plan;
   if (shape.count == 0) return plan;
@@ -54,11 +57,18 @@ Plan oneShotMappedAllReduce(const Shape& shape) {
   return plan;
 }
 
+// Two-shot: arrived; rank r reduces part r of every rank's input into its
+// output (a reduce-scatter by direct reads, in rank order); every part
+// reduced; it writes that part into every other rank's output (an
+// all-gather by direct writes); done. Each rank reads (n-1)/n * S bytes
+// from its peers and writes as much into them; every part is combined in
+// rank order, so the result is bitwise one-shot's. REQUIRES: shape.mapped,
+// nranks <= kMaxDirectRanks.
 Plan twoShotAllReduce(const Shape& shape) {
   const int n = shape.nranks, r = shape.rank;
   Plan plan;
   if (shape.count == 0) return plan;
-  const RingRound parts(0, shape.count, n, shape.alignElems);
+  const Parts parts(0, shape.count, n, shape.alignElems);
   signalAll(plan, shape);
   // Part r of every input, reduced into part r of this rank's output
   // (where the output is the input, only this rank reads that part).
@@ -88,7 +98,8 @@ Plan twoShotAllReduce(const Shape& shape) {
 
 // Each rank writes its input into part r of every output (its own too
 // unless in place), between arrived (outputs free: the peers' streams
-// reached the op) and done.
+// reached the op) and done: (n-1) * S bytes written into peers per rank.
+// REQUIRES: shape.mapped.
 Plan oneShotAllGather(const Shape& shape) {
   const int n = shape.nranks, r = shape.rank;
   Plan plan;
@@ -110,7 +121,8 @@ Plan oneShotAllGather(const Shape& shape) {
 }
 
 // The root first puts its input into its output (when they differ); the
-// others read the root's output once it arrived.
+// others read the root's output once it arrived: S bytes each.
+// REQUIRES: shape.mapped.
 Plan oneShotBroadcast(const Shape& shape) {
   const int r = shape.rank;
   Plan plan;

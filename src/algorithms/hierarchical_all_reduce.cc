@@ -1,4 +1,9 @@
-// Hierarchical all-reduce, for ranks spread over hosts.
+// Hierarchical all-reduce, for ranks spread over hosts (partition.h's Hosts:
+// L = Shape::localRanks ranks on each of H hosts). REQUIRES: L >= 2, H >= 2.
+//
+// The links within a host carry most of the bytes; the H rings across
+// hosts, one per local rank, carry a 1/L share each, so every local rank's
+// network link works at once.
 //
 // A round of n chunks is L shards of H pieces. Rank l of the L on host h
 // (of H):
@@ -11,8 +16,9 @@
 // Per rank 2(L-1)/L * S bytes within the host and 2(H-1)/H * S/L across
 // hosts, where the flat ring sends 2(n-1)/n * S over each of its links,
 // those that leave a host included.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -23,15 +29,15 @@ Plan hierarchicalAllReduce(const Shape& shape) {
   const int L = hosts.L, H = hosts.H, h = hosts.host, l = hosts.local;
   const size_t roundElems = shape.chunkElems * shape.nranks;
   for (size_t base = 0; base < shape.count; base += roundElems) {
-    const RingRound shards(base, std::min(roundElems, shape.count - base), L, shape.alignElems);
+    const Parts shards(base, std::min(roundElems, shape.count - base), L, shape.alignElems);
     auto piecesOf = [&](int j) {
-      return RingRound(shards.offset(ringIndex(j, L)), shards.size(ringIndex(j, L)), H,
-                       shape.alignElems);
+      return Parts(shards.offset(ringIndex(j, L)), shards.size(ringIndex(j, L)), H,
+                   shape.alignElems);
     };
     // A step around the host's ring on piece `c` of shard `j`, or around the
     // ring of hosts on piece `c` of this rank's shard.
     auto withinHost = [&](StepKind kind, int j, int c, Buffer src) {
-      const RingRound pieces = piecesOf(j);
+      const Parts pieces = piecesOf(j);
       Step s;
       s.kind = kind;
       s.sendPeer = hosts.rankOf(h, l + 1);
@@ -41,7 +47,7 @@ Plan hierarchicalAllReduce(const Shape& shape) {
       s.count = pieces.size(c);
       return s;
     };
-    const RingRound mine = piecesOf(l);
+    const Parts mine = piecesOf(l);
     auto acrossHosts = [&](StepKind kind, int c) {
       Step s;
       s.kind = kind;

@@ -1,4 +1,5 @@
-// Hierarchical broadcast, for ranks spread over hosts.
+// Hierarchical broadcast, for ranks spread over hosts (partition.h's Hosts:
+// L = Shape::localRanks ranks on each of H hosts). REQUIRES: L >= 2, H >= 2.
 //
 // Per round of L chunks (parts), the root being a rank of host hr:
 //   1. on the root's host, the root sends part j to local rank j;
@@ -7,8 +8,10 @@
 //   3. each host all-gathers the parts around its ring.
 // Per rank S/L bytes across hosts (the flat chain: S over each link) and
 // (L-1)/L * S within; the root also sends (L-1)/L * S within its host.
-#include "algorithms/plan.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
 #include "algorithms/ring.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -25,8 +28,9 @@ Plan hierarchicalBroadcast(const Shape& shape) {
   const Buffer own = root ? Buffer::Input : Buffer::Output;
   const int position = ringIndex(h - rootHost, H);  // in the chain of hosts
   const size_t roundElems = shape.chunkElems * L;
+  const Ring withinHost{L, l, hosts.rankOf(h, l - 1), hosts.rankOf(h, l + 1)};
   for (size_t base = 0; base < shape.count; base += roundElems) {
-    const RingRound parts(base, std::min(roundElems, shape.count - base), L, shape.alignElems);
+    const Parts parts(base, std::min(roundElems, shape.count - base), L, shape.alignElems);
     auto part = [&](StepKind kind, int j, int sendPeer, int recvPeer) {
       Step s;
       s.kind = kind;
@@ -48,20 +52,14 @@ Plan hierarchicalBroadcast(const Shape& shape) {
     }
 
     // 2. Part l down the chain of hosts.
-    const int next = hosts.rankOf(h + 1, l), prev = hosts.rankOf(h - 1, l);
-    if (position == 0)
-      addStep(plan, part(StepKind::Send, l, next, -1));
-    else if (position < H - 1)
-      addStep(plan, part(StepKind::RecvCopySend, l, next, prev));
-    else
-      addStep(plan, part(StepKind::Recv, l, -1, prev));
+    const Step link = chainLink(position, H, hosts.rankOf(h - 1, l), hosts.rankOf(h + 1, l),
+                                StepKind::RecvCopySend, StepKind::Recv);
+    addStep(plan, part(link.kind, l, link.sendPeer, link.recvPeer));
 
     // 3. All-gather of the parts within the host.
-    const int localNext = hosts.rankOf(h, l + 1), localPrev = hosts.rankOf(h, l - 1);
-    addStep(plan, part(StepKind::Send, l, localNext, -1));
-    for (int k = 1; k <= L - 2; ++k)
-      addStep(plan, part(StepKind::RecvCopySend, l - k, localNext, localPrev));
-    addStep(plan, part(StepKind::Recv, l + 1, -1, localPrev));
+    addRingAllGather(plan, withinHost, [&](const Step& step, int j) {
+      return part(step.kind, j, step.sendPeer, step.recvPeer);
+    });
   }
   if (root) addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/false));
   return plan;

@@ -1,4 +1,5 @@
-// Hierarchical reduce-scatter, for ranks spread over hosts.
+// Hierarchical reduce-scatter, for ranks spread over hosts (partition.h's Hosts:
+// L = Shape::localRanks ranks on each of H hosts). REQUIRES: L >= 2, H >= 2.
 //
 // Per piece of the S-element blocks, rank l of the L on host h (of H):
 //   1. for each host g in turn, a ring reduce-scatter within the host of
@@ -10,8 +11,10 @@
 // Per rank (L-1) * H * S bytes within the host and (H-1) * S across hosts
 // (the flat ring: (n-1) * S over each link, those that leave a host
 // included).
-#include "algorithms/plan.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
 #include "algorithms/ring.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 namespace {
@@ -32,36 +35,28 @@ Plan hierarchicalReduceScatter(const Shape& shape) {
   const size_t fit = kPartialsBytes / shape.elemSize / static_cast<size_t>(H) / align * align;
   const size_t piece = std::min(shape.chunkElems, std::max(align, fit));
   plan.scratchBytes = static_cast<size_t>(H) * piece * shape.elemSize;
+  const Ring withinHost{L, l, hosts.rankOf(h, l - 1), hosts.rankOf(h, l + 1)};
+  const Ring acrossHosts{H, h, hosts.rankOf(h - 1, l), hosts.rankOf(h + 1, l)};
   for (size_t base = 0; base < block; base += piece) {
     const size_t length = std::min(piece, block - base);
-    // 1. Within the host, for the blocks of each host g.
+    // 1. Within the host, for the blocks of each host g: the host's sum of
+    // block gL + l lands in partial g of the scratch area.
     for (int g = 0; g < H; ++g)
-      for (int s = 0; s <= L - 1; ++s) {
-        Step step;
-        step.kind = s == 0 ? StepKind::Send
-                           : (s < L - 1 ? StepKind::RecvReduceSend : StepKind::RecvReduceCopy);
-        step.sendPeer = s < L - 1 ? hosts.rankOf(h, l + 1) : -1;
-        step.recvPeer = s > 0 ? hosts.rankOf(h, l - 1) : -1;
-        step.srcOffset = static_cast<size_t>(hosts.rankOf(g, l - 1 - s)) * block + base;
+      addRingReduceScatter(plan, withinHost, /*finalize=*/false, [&](Step step, int j) {
+        step.srcOffset = static_cast<size_t>(hosts.rankOf(g, j)) * block + base;
         step.dst = Buffer::Scratch;
         step.dstOffset = static_cast<size_t>(g) * piece;
         step.count = length;
-        addStep(plan, step);
-      }
+        return step;
+      });
     // 2. Across hosts, over the partial sums.
-    for (int s = 0; s <= H - 1; ++s) {
-      Step step;
-      step.kind = s == 0 ? StepKind::Send
-                         : (s < H - 1 ? StepKind::RecvReduceSend : StepKind::RecvReduceCopy);
-      step.sendPeer = s < H - 1 ? hosts.rankOf(h + 1, l) : -1;
-      step.recvPeer = s > 0 ? hosts.rankOf(h - 1, l) : -1;
+    addRingReduceScatter(plan, acrossHosts, /*finalize=*/true, [&](Step step, int j) {
       step.src = Buffer::Scratch;
-      step.srcOffset = static_cast<size_t>(ringIndex(h - 1 - s, H)) * piece;
+      step.srcOffset = static_cast<size_t>(ringIndex(j, H)) * piece;
       step.dstOffset = base;
       step.count = length;
-      step.finalize = s == H - 1;
-      addStep(plan, step);
-    }
+      return step;
+    });
   }
   return plan;
 }

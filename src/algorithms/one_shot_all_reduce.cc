@@ -1,12 +1,15 @@
-// One-shot (direct) all-reduce.
+// One-shot (direct) all-reduce, for small buffers.
 //
 // Rank r: send the input to r+1, r+2, ..., r-1 (n-1 steps); keep a copy of
 // it in scratch (the output may be the input); then, for k = 0 .. n-1, fold
 // rank k's input into the output: receive it from k, or take the copy when
 // k == r. The fold order is the same on every rank, so the results are
-// bitwise equal everywhere. One hop of latency; (n-1) * S bytes each way.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+// bitwise equal everywhere. One hop of latency instead of the ring's
+// 2(n-1); (n-1) * S bytes each way. A single rank only copies its input.
+// REQUIRES: S <= kScratchBytes (the copy of the input waits in scratch).
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -15,7 +18,7 @@ Plan oneShotAllReduce(const Shape& shape) {
   const int r = shape.rank;
   const size_t count = shape.count;
   Plan plan;
-  if (count == 0) return plan;
+  if (trivialReduction(shape, count, plan)) return plan;
   for (int k = 1; k < n; ++k) {
     Step send;
     send.kind = StepKind::Send;

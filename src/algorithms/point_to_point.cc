@@ -1,6 +1,6 @@
-// Send and receive: one step each, streamed in slot-sized pieces.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+// Send and receive: one step each of S bytes, streamed in slot-sized pieces.
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 

@@ -10,8 +10,9 @@
 // ..., a^(p/2) it swaps the block of parts it owns for its partner's. Each
 // active rank sends and receives 2(p-1)/p * S bytes in 2 log2(p) steps:
 // the ring's bandwidth with the latency of recursive doubling.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -24,7 +25,7 @@ Plan rabenseifnerAllReduce(const Shape& shape) {
   const int a = fold.active(r);
   const size_t chunk = shape.chunkElems;
   // Part i of p, chunk-aligned as the ring's.
-  const RingRound parts(0, shape.count, fold.p, shape.alignElems);
+  const Parts parts(0, shape.count, fold.p, shape.alignElems);
   auto partsSpan = [&](int first, int count) {
     return Span{parts.begin(first), parts.begin(first + count) - parts.begin(first)};
   };
@@ -32,24 +33,20 @@ Plan rabenseifnerAllReduce(const Shape& shape) {
 
   Buffer current = addFoldIn(plan, fold, r, whole, chunk);
   if (a >= 0) {
-    // Halving: [lo, lo + size) is the range of parts this rank still holds.
-    int lo = 0, size = fold.p;
-    for (int mask = fold.p / 2; mask >= 1; mask /= 2) {
-      size /= 2;
-      const bool upper = (a & mask) != 0;
-      const Span keep = partsSpan(upper ? lo + size : lo, size);
-      const Span give = partsSpan(upper ? lo : lo + size, size);
-      if (upper) lo += size;
+    // Halving: this rank ends owning part a, fully reduced.
+    for (const HalvingStep& halving : halvingSteps(fold.p, a)) {
+      const int partner = fold.rankOf(a ^ halving.mask);
       Step add;
       add.kind = StepKind::RecvReduceCopy;
       add.src = current;
       add.dst = Buffer::Output;
-      add.finalize = mask == 1;
-      addExchange(plan, fold.rankOf(a ^ mask), give, current, fold.rankOf(a ^ mask), keep, add,
-                  chunk);
+      add.finalize = halving.mask == 1;
+      addExchange(plan, partner, partsSpan(halving.give, halving.parts), current, partner,
+                  partsSpan(halving.keep, halving.parts), add, chunk);
       current = Buffer::Output;
     }
-    // Doubling: this rank owns the block of `size` parts from `lo`.
+    // Doubling: with the rank at a ^ mask, swap the blocks of `mask` parts
+    // that each owns.
     for (int mask = 1; mask < fold.p; mask *= 2) {
       const int partner = a ^ mask;
       const Span mine = partsSpan(a / mask * mask, mask);

@@ -1,15 +1,16 @@
 // Recursive-doubling all-reduce, for small buffers at any rank count.
 //
-// The ranks fold onto p = 2^floor(log2 n) active ones (ring.h's Fold: rank
-// 2i adds its input into 2i+1's first). Active rank a then exchanges its
+// The ranks fold onto p = 2^floor(log2 n) active ones (partition.h's Fold:
+// rank 2i adds its input into 2i+1's first). Active rank a then exchanges its
 // whole partial result with a^1, a^2, ..., a^(p/2), adding what it gets each
 // time, and at the end 2i+1 hands the result back to 2i. log2(p) exchanges
 // of S bytes (plus one each way on the folded pairs): latency of log2(p)
 // (+2) hops instead of the ring's 2(n-1), at the price of log2(p) * S bytes
 // sent per rank. Both partners add the same two operands, so every rank ends
 // with bitwise the same result.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 

@@ -6,8 +6,9 @@
 // keeps; after log2(n) steps it holds block r, fully reduced. Each rank
 // sends (n-1)/n * n*S bytes for an S-byte output in log2(n) steps (the ring
 // needs n-1). Partial sums live in a scratch area the size of the input.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -22,20 +23,16 @@ Plan recursiveHalvingReduceScatter(const Shape& shape) {
     return Span{static_cast<size_t>(first) * block, static_cast<size_t>(count) * block};
   };
   Buffer current = Buffer::Input;
-  int lo = 0, size = n;
-  for (int mask = n / 2; mask >= 1; mask /= 2) {
-    size /= 2;
-    const bool upper = (r & mask) != 0;
-    const Span keep = blocks(upper ? lo + size : lo, size);
-    const Span give = blocks(upper ? lo : lo + size, size);
-    if (upper) lo += size;
-    const bool last = mask == 1;  // keep is block r: it goes to the output
+  for (const HalvingStep& halving : halvingSteps(n, r)) {
+    const int partner = r ^ halving.mask;
+    const bool last = halving.mask == 1;  // the kept half is block r: it goes to the output
     Step add;
     add.kind = StepKind::RecvReduceCopy;
     add.src = current;
     add.dst = last ? Buffer::Output : Buffer::Scratch;
     add.finalize = last;
-    addExchange(plan, r ^ mask, give, current, r ^ mask, keep, add, shape.chunkElems,
+    addExchange(plan, partner, blocks(halving.give, halving.parts), current, partner,
+                blocks(halving.keep, halving.parts), add, shape.chunkElems,
                 /*settledOut=*/false, last ? 0 : kSameAsIn);
     current = Buffer::Scratch;
   }

@@ -7,8 +7,9 @@
 //   all-gather      steps 1..n-2 receive chunk r-k, keep and send on
 //                   last         receive chunk r+1, keep
 // 2(n-1) transfers per round, each of S/n bytes: 2(n-1)/n * S per rank.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -21,7 +22,7 @@ Plan ringAllReduce(const Shape& shape) {
   const int prev = ringIndex(r - 1, n);
   const size_t roundElems = shape.chunkElems * n;
   for (size_t base = 0; base < shape.count; base += roundElems) {
-    RingRound round(base, std::min(roundElems, shape.count - base), n, shape.alignElems);
+    Parts round(base, std::min(roundElems, shape.count - base), n, shape.alignElems);
     auto step = [&](StepKind kind, int chunk) {
       int c = ringIndex(chunk, n);
       Step s;

@@ -3,9 +3,11 @@
 // Rank r sends block r-1 to r+1, then n-2 times receives block r-1-s, adds
 // its own and passes it on, and finally receives block r, adds its own and
 // keeps the result. Blocks are streamed in rounds of at most one chunk. n-1
-// transfers of S bytes per rank for an S-byte output.
-#include "algorithms/plan.h"
+// steps per round; n-1 transfers of S bytes per rank for an S-byte output.
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
 #include "algorithms/ring.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -15,22 +17,17 @@ Plan ringReduceScatter(const Shape& shape) {
   const size_t block = shape.count;
   Plan plan;
   if (trivialReduction(shape, block, plan)) return plan;
-  const int next = ringIndex(r + 1, n);
-  const int prev = ringIndex(r - 1, n);
+  const Ring ring{n, r, ringIndex(r - 1, n), ringIndex(r + 1, n)};
   for (size_t base = 0; base < block; base += shape.chunkElems) {
     const size_t length = std::min(shape.chunkElems, block - base);
-    for (int s = 0; s <= n - 1; ++s) {
-      Step step;
-      step.kind = s == 0 ? StepKind::Send
-                         : (s < n - 1 ? StepKind::RecvReduceSend : StepKind::RecvReduceCopy);
-      step.sendPeer = s < n - 1 ? next : -1;
-      step.recvPeer = s > 0 ? prev : -1;
-      step.srcOffset = ringIndex(r - 1 - s, n) * block + base;
+    // Each block's piece is read at its place in Input; the sum lands at
+    // the piece's place in Output.
+    addRingReduceScatter(plan, ring, /*finalize=*/true, [&](Step step, int j) {
+      step.srcOffset = ringIndex(j, n) * block + base;
       step.dstOffset = base;
       step.count = length;
-      step.finalize = s == n - 1;
-      addStep(plan, step);
-    }
+      return step;
+    });
   }
   return plan;
 }

@@ -6,8 +6,10 @@
 // 2(n-1)/n * S, instead of the chain's S per rank; 2(n-1) hops. The root
 // takes part in the ring like everyone (it rewrites its output with the
 // same values it already holds), which keeps the ring's messages uniform.
-#include "algorithms/plan.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
 #include "algorithms/ring.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 
@@ -19,7 +21,7 @@ Plan scatterAllGatherBroadcast(const Shape& shape) {
   const bool root = r == shape.root;
   if (root) addStep(plan, localCopy(0, 0, shape.count, /*finalize=*/false));
   if (n == 1) return plan;
-  const RingRound parts(0, shape.count, n, shape.alignElems);
+  const Parts parts(0, shape.count, n, shape.alignElems);
   const size_t chunk = shape.chunkElems;
   // Scatter: part q from the root to rank q.
   for (int q = 0; q < n; ++q) {
@@ -35,33 +37,19 @@ Plan scatterAllGatherBroadcast(const Shape& shape) {
       addStep(plan, step);
     }
   }
-  // All-gather around the ring: send part r, pass on r-1, ..., keep r+1.
-  const int next = ringIndex(r + 1, n);
-  const int prev = ringIndex(r - 1, n);
+  // All-gather around the ring: send part r, pass on r-1, ..., keep r+1,
+  // piece by piece (a part that has no piece at `base` adds no step).
+  const Ring ring{n, r, ringIndex(r - 1, n), ringIndex(r + 1, n)};
   size_t largest = 0;
   for (int q = 0; q < n; ++q) largest = std::max(largest, parts.size(q));
-  for (size_t base = 0; base < largest; base += chunk) {
-    auto piece = [&](int part, Step step) {
+  for (size_t base = 0; base < largest; base += chunk)
+    addRingAllGather(plan, ring, [&](Step step, int part) {
       const int c = ringIndex(part, n);
-      if (base >= parts.size(c)) return;
-      step.srcOffset = step.dstOffset = parts.begin(c) + base;
-      step.count = std::min(chunk, parts.size(c) - base);
       step.src = step.dst = Buffer::Output;
-      addStep(plan, step);
-    };
-    Step send;
-    send.kind = StepKind::Send;
-    send.sendPeer = next;
-    piece(r, send);
-    for (int k = 1; k <= n - 1; ++k) {
-      Step pass;
-      pass.kind = k < n - 1 ? StepKind::RecvCopySend : StepKind::Recv;
-      pass.recvPeer = prev;
-      pass.sendPeer = k < n - 1 ? next : -1;
-      pass.settled = k < n - 1;
-      piece(r - k, pass);
-    }
-  }
+      step.srcOffset = step.dstOffset = parts.begin(c) + base;
+      step.count = base < parts.size(c) ? std::min(chunk, parts.size(c) - base) : 0;
+      return step;
+    });
   return plan;
 }
 

@@ -11,8 +11,9 @@
 // rank sends and receives about S bytes (half per tree, up and down) and a
 // chunk crosses 2 * log2(n) hops: logarithmic latency with close to the
 // ring's bandwidth for mid-size buffers.
-#include "algorithms/plan.h"
-#include "algorithms/ring.h"
+#include "algorithms/partition.h"
+#include "algorithms/planners.h"
+#include "algorithms/steps.h"
 
 namespace braid::algo {
 namespace {
@@ -105,7 +106,7 @@ Plan treeAllReduce(const Shape& shape) {
   Plan plan;
   if (trivialReduction(shape, shape.count, plan)) return plan;
   // Tree 0 carries the first half (chunk-aligned), tree 1 the rest.
-  const RingRound halves(0, shape.count, 2, shape.alignElems);
+  const Parts halves(0, shape.count, 2, shape.alignElems);
   const Node nodes[2] = {nodeOf(0, n, r), nodeOf(1, n, r)};
   // Up both trees, then down both: every rank takes the phases in the same
   // order, so the messages between any two ranks come in the order sent.
