@@ -31,11 +31,21 @@ bool has(Collective collective, Algorithm algorithm) {
   return std::find(known.begin(), known.end(), algorithm) != known.end();
 }
 
-std::string namesFor(Collective collective) {
+// The collectives BRAID_ALGO names: "allreduce, broadcast, ...".
+std::string collectiveNames() {
   std::string names;
-  for (Algorithm a : algo::algorithmsFor(collective))
-    names += (names.empty() ? "" : ", ") + std::string(algo::algorithmName(a));
+  for (Collective c : kCollectives)
+    names += (names.empty() ? "" : ", ") + std::string(algo::collectiveName(c));
   return names;
+}
+
+// Their algorithms, from the catalog: "allreduce: ring, tree, ...; broadcast: chain, ...".
+std::string algorithmsByCollective() {
+  std::string text;
+  for (Collective c : kCollectives)
+    text += (text.empty() ? "" : "; ") + std::string(algo::collectiveName(c)) + ": " +
+            algo::algorithmNames(c);
+  return text;
 }
 
 }  // namespace
@@ -126,9 +136,7 @@ AlgoPreference AlgoPreference::parse(const std::string& text) {
     const std::string name = colon == std::string::npos ? item : item.substr(colon + 1);
     if (!algo::parseAlgorithm(name, &algorithm))
       reject(
-          format("'%s' is not an algorithm (ring, oneshot, recdoubling, rabenseifner, tree, "
-                 "chain, binomial, scatter, bruck, rechalving)",
-                 name.c_str()));
+          format("'%s' is not an algorithm (%s)", name.c_str(), algorithmsByCollective().c_str()));
     if (colon == std::string::npos) {
       bool any = false;
       for (Collective c : kCollectives) any |= has(c, algorithm);
@@ -140,13 +148,10 @@ AlgoPreference AlgoPreference::parse(const std::string& text) {
     const std::string which = item.substr(0, colon);
     if (!algo::parseCollective(which, &collective) || collective == Collective::Send ||
         collective == Collective::Recv)
-      reject(
-          format("'%s' is not a collective (allreduce, broadcast, reduce, allgather, "
-                 "reducescatter)",
-                 which.c_str()));
+      reject(format("'%s' is not a collective (%s)", which.c_str(), collectiveNames().c_str()));
     if (!has(collective, algorithm))
       reject(format("%s has no algorithm '%s' (it has %s)", which.c_str(), name.c_str(),
-                    namesFor(collective).c_str()));
+                    algo::algorithmNames(collective).c_str()));
     auto& list = preference.allowed_[static_cast<size_t>(collective)];
     prefixed[static_cast<size_t>(collective)] = true;
     if (std::find(list.begin(), list.end(), algorithm) == list.end()) list.push_back(algorithm);
