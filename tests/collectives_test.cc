@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "algorithms/catalog.h"
 #include "core/errors.h"
 #include "multirank.h"
 #include "reference.h"
@@ -224,44 +226,74 @@ TEST(ReduceScatter, MatchesReferenceAt2And5And8Ranks) {
 // For the rest of a test: BRAID_ALGO set to `algorithms`.
 class ForcedAlgorithm {
  public:
-  explicit ForcedAlgorithm(const char* algorithms) { ::setenv("BRAID_ALGO", algorithms, 1); }
+  explicit ForcedAlgorithm(const std::string& algorithms) {
+    ::setenv("BRAID_ALGO", algorithms.c_str(), 1);
+  }
   ~ForcedAlgorithm() { ::unsetenv("BRAID_ALGO"); }
 };
 
-// Every planner forced through BRAID_ALGO on real ranks. (Where one does not
-// apply, e.g. recursive halving at 3 ranks, braid falls back to its default
-// and the results must still be right.)
+algo::Collective catalogCollective(Coll c) {
+  constexpr algo::Collective kCollectives[] = {
+      algo::Collective::AllReduce, algo::Collective::Broadcast, algo::Collective::Reduce,
+      algo::Collective::AllGather, algo::Collective::ReduceScatter};
+  return kCollectives[static_cast<int>(c)];
+}
+
+// Every algorithm the catalog has for `coll` that applies at some case of
+// a sweep over `nranks` ranks (host buffers, ranks on one host, as these
+// tests run them), forced through BRAID_ALGO on real ranks, each over the
+// whole sweep at every rank count: where it does not apply at a case, e.g.
+// recursive halving at 3 ranks, braid falls back to its default and the
+// results must still be right. Broadcast and reduce from the first and the
+// last rank.
+void sweepEveryAlgorithm(const std::vector<int>& nranks, Coll coll,
+                         const std::vector<DataType>& types, const std::vector<ReduceOp>& ops,
+                         const std::vector<size_t>& counts) {
+  const algo::Collective collective = catalogCollective(coll);
+  for (algo::Algorithm a : algo::algorithmsFor(collective)) {
+    bool applies = false;
+    for (int n : nranks)
+      for (DataType type : types)
+        for (size_t count : counts) {
+          algo::Shape shape;
+          shape.nranks = n;
+          shape.localRanks = n;
+          shape.count = count;
+          shape.elemSize = dataTypeSize(type);
+          applies = applies || algo::applies(collective, a, shape);
+        }
+    if (!applies) continue;
+    const std::string choice =
+        std::string(algo::collectiveName(collective)) + ":" + algo::algorithmName(a);
+    SCOPED_TRACE("BRAID_ALGO=" + choice);
+    ForcedAlgorithm forced(choice);
+    const bool rooted = coll == Coll::Broadcast || coll == Coll::Reduce;
+    for (int n : nranks)
+      sweep(n, coll, types, ops, counts, rooted ? std::vector<int>{0, n - 1} : std::vector<int>{0});
+  }
+}
+
 TEST(Algorithms, EveryAllReduceAlgorithmMatchesTheReference) {
-  for (const char* algorithm :
-       {"allreduce:tree", "allreduce:rabenseifner", "allreduce:recdoubling", "allreduce:oneshot"}) {
-    ForcedAlgorithm forced(algorithm);
-    for (int n : {2, 3, 5, 8})
-      sweep(n, Coll::AllReduce, {DataType::Int32, DataType::Float32, DataType::BFloat16},
-            {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}, {1, 7, 1023, 70001});
-  }
+  sweepEveryAlgorithm({2, 3, 5, 8}, Coll::AllReduce,
+                      {DataType::Int32, DataType::Float32, DataType::BFloat16},
+                      {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}, {1, 7, 1023, 70001});
 }
-TEST(Algorithms, BinomialBroadcastAndReduceMatchTheReference) {
-  ForcedAlgorithm forced("binomial");
-  for (int n : {2, 3, 5, 8}) {
-    sweep(n, Coll::Broadcast, {DataType::Uint8, DataType::Float64}, {}, {1, 1023, kLargeCount},
-          {0, n - 1});
-    sweep(n, Coll::Reduce, {DataType::Int32, DataType::Float32}, {ReduceOp::Sum, ReduceOp::Min},
-          {1, 1023, 70001}, {0, n - 1});
-  }
+TEST(Algorithms, EveryBroadcastAlgorithmMatchesTheReference) {
+  sweepEveryAlgorithm({2, 3, 5, 8}, Coll::Broadcast,
+                      {DataType::Uint8, DataType::Float32, DataType::Float64}, {},
+                      {1, 7, 1023, kLargeCount});
 }
-TEST(Algorithms, ScatterAllGatherBroadcastMatchesTheReference) {
-  ForcedAlgorithm forced("broadcast:scatter");
-  for (int n : {2, 3, 5, 8})
-    sweep(n, Coll::Broadcast, {DataType::Uint8, DataType::Float32}, {}, {1, 7, 1023, kLargeCount},
-          {0, n - 1});
+TEST(Algorithms, EveryReduceAlgorithmMatchesTheReference) {
+  sweepEveryAlgorithm({2, 3, 5, 8}, Coll::Reduce, {DataType::Int32, DataType::Float32},
+                      {ReduceOp::Sum, ReduceOp::Min}, {1, 1023, 70001});
 }
-TEST(Algorithms, BruckAllGatherAndRecursiveHalvingReduceScatterMatchTheReference) {
-  ForcedAlgorithm forced("allgather:bruck,reducescatter:rechalving");
-  for (int n : {2, 3, 5, 8}) {
-    sweep(n, Coll::AllGather, {DataType::Int8, DataType::Float32}, {}, {1, 7, 1023, 70001});
-    sweep(n, Coll::ReduceScatter, {DataType::Int32, DataType::Float32},
-          {ReduceOp::Sum, ReduceOp::Avg}, {1, 7, 1023, 70001});
-  }
+TEST(Algorithms, EveryAllGatherAlgorithmMatchesTheReference) {
+  sweepEveryAlgorithm({2, 3, 5, 8}, Coll::AllGather, {DataType::Int8, DataType::Float32}, {},
+                      {1, 7, 1023, 70001});
+}
+TEST(Algorithms, EveryReduceScatterAlgorithmMatchesTheReference) {
+  sweepEveryAlgorithm({2, 3, 5, 8}, Coll::ReduceScatter, {DataType::Int32, DataType::Float32},
+                      {ReduceOp::Sum, ReduceOp::Avg}, {1, 7, 1023, 70001});
 }
 
 // The same collectives with buffers from memAlloc: same-host peers read
