@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every algorithm of one collective, forced through BRAID_ALGO, next to
-# braid's own choice, at each rank count (DESIGN.md §8 units).
+# Every algorithm of one collective that runs on host buffers of ranks on
+# one host (braid-info --algorithms COLL --names), forced through BRAID_ALGO,
+# next to braid's own choice, at each rank count (DESIGN.md §8 units).
 #
 #   benchmarks/algorithms.sh OUTDIR
 #
@@ -40,18 +41,12 @@ maxbytes=$(numfmt --from=iec "${MAXBYTES:-64M}")
 factor=${FACTOR:-4}
 timing=(-n "${ITERS:-20}" -w "${WARMUP:-5}")
 
-# The algorithms each collective has (algorithms/catalog.cc).
-case "$COLL" in
-  allreduce) algos="ring tree rabenseifner recdoubling oneshot" ;;
-  broadcast) algos="chain binomial scatter" ;;
-  reduce) algos="chain binomial" ;;
-  allgather) algos="ring bruck" ;;
-  reducescatter) algos="ring rechalving" ;;
-  *)
-    echo "algorithms: unknown collective '$COLL'" >&2
-    exit 2
-    ;;
-esac
+# The collective's algorithms that run on host buffers of ranks on one host,
+# as braid-perf runs them, from the catalog (braid-info --algorithms).
+if ! algos=$("$bin/braid-info" --algorithms "$COLL" --names); then
+  echo "algorithms: unknown collective '$COLL'" >&2
+  exit 2
+fi
 
 # Each round takes every rank count and size once, and at each size runs
 # every algorithm back to back in a new order: the runs compared at one size

@@ -6,6 +6,7 @@
 //   braid-info --peers    (under braid-run) the transport between every pair of ranks
 //   braid-info --tuning   the algorithm braid picks per collective and size, and the
 //                         time the cost model predicts for it
+//   braid-info --algorithms [C] [--names]   every algorithm, from the catalog
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/catalog.h"
 #include "bootstrap/bootstrap.h"
 #include "braid/communicator.h"
 #include "braid/config.h"
@@ -42,7 +44,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: braid-info [--config [--markdown] | --peers |\n"
-    "                   --tuning [--ranks N] [--transport T] [--measure]]\n"
+    "                   --tuning [--ranks N] [--transport T] [--measure] |\n"
+    "                   --algorithms [COLLECTIVE] [--names]]\n"
     "  (no option)  version, build features, transports, host identity, interfaces\n"
     "  --config     every knob with its effective value, its source and what it does;\n"
     "               with --markdown, the knob table alone (no values: the same on every\n"
@@ -56,6 +59,10 @@ constexpr const char* kUsage =
     "               (default 2); the model's parameters head the table. With --measure,\n"
     "               run under braid-run -n N: the model a communicator measures at\n"
     "               creation (BRAID_TUNING=measured), at N ranks\n"
+    "  --algorithms every algorithm braid has (the names BRAID_ALGO takes), or those of\n"
+    "               COLLECTIVE: its schedule and cost per rank and the shapes it needs;\n"
+    "               with --names, the names alone of COLLECTIVE's algorithms that run on\n"
+    "               host buffers of ranks on one host (as braid-perf runs them), on one line\n"
     "  -h, --help   print this help\n"
     "\n"
     "Hang reports: send SIGUSR1 to a rank (kill -USR1 PID; to braid-run, which passes it\n"
@@ -355,10 +362,62 @@ int printTuning(int ranks, const std::string& transport, bool measure) {
   return 0;
 }
 
+// Whether `algorithm` runs `collective` on host buffers of ranks on one
+// host (as braid-perf runs it) at some rank count.
+bool runsOnOneHost(braid::algo::Collective collective, braid::algo::Algorithm algorithm) {
+  for (int n = 2; n <= 64; ++n) {
+    braid::algo::Shape shape;
+    shape.nranks = n;
+    shape.localRanks = n;
+    shape.count = 1;
+    shape.elemSize = 4;
+    if (braid::algo::applies(collective, algorithm, shape)) return true;
+  }
+  return false;
+}
+
+// The catalog of algorithms, whole or for the collective `only` names; with
+// `names`, those of `only` that run on one host, by name alone. Send and
+// receive have one plan each, nothing to choose: they are left out.
+int printAlgorithms(const std::string& only, bool names) {
+  using braid::algo::Collective;
+  auto chosen = [](Collective c) { return c != Collective::Send && c != Collective::Recv; };
+  Collective collective{};
+  if (!only.empty() && (!braid::algo::parseCollective(only, &collective) || !chosen(collective)))
+    throw std::runtime_error("--algorithms: '" + only +
+                             "' is not a collective with algorithms to choose from");
+  if (names) {
+    if (only.empty()) throw std::runtime_error("--algorithms --names: which collective?");
+    std::string line;
+    for (braid::algo::Algorithm a : braid::algo::algorithmsFor(collective))
+      if (runsOnOneHost(collective, a))
+        line += (line.empty() ? "" : " ") + std::string(braid::algo::algorithmName(a));
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  std::printf(
+      "Per collective, each algorithm's name, its schedule and cost per rank, and what it\n"
+      "needs where it does not apply at every shape. S is the bytes of a rank's buffer (its\n"
+      "input block for allgather, its output block for reducescatter); n ranks, L on each of\n"
+      "H hosts.\n");
+  const braid::algo::AlgorithmInfo* previous = nullptr;
+  for (const braid::algo::AlgorithmInfo& row : braid::algo::catalog()) {
+    if (!chosen(row.collective) || (!only.empty() && row.collective != collective)) continue;
+    if (!previous || previous->collective != row.collective)
+      std::printf("%s\n", braid::algo::collectiveName(row.collective));
+    previous = &row;
+    std::printf("  %-13s %s\n", row.name, row.description);
+    if (*row.rule.text) std::printf("  %-13s needs %s\n", "", row.rule.text);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  enum class Mode { Overview, Config, Peers, Tuning } mode = Mode::Overview;
+  enum class Mode { Overview, Config, Peers, Tuning, Algorithms } mode = Mode::Overview;
+  std::string collective;  // --algorithms COLLECTIVE
+  bool names = false;      // --algorithms --names
   int ranks = 2;
   std::string transport = "shm";
   bool measure = false;
@@ -375,6 +434,14 @@ int main(int argc, char** argv) {
       chosen = Mode::Peers;
     } else if (arg == "--tuning") {
       chosen = Mode::Tuning;
+    } else if (arg == "--algorithms") {
+      chosen = Mode::Algorithms;
+    } else if (arg == "--names" && mode == Mode::Algorithms) {
+      names = true;
+      continue;
+    } else if (mode == Mode::Algorithms && collective.empty() && arg[0] != '-') {
+      collective = arg;
+      continue;
     } else if ((arg == "--ranks" || arg == "--transport") && mode == Mode::Tuning && i + 1 < argc) {
       const std::string value = argv[++i];
       if (arg == "--transport") {
@@ -401,7 +468,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (mode != Mode::Overview && mode != chosen) {
-      std::fprintf(stderr, "braid-info: --config, --peers and --tuning are exclusive\n%s", kUsage);
+      std::fprintf(stderr,
+                   "braid-info: --config, --peers, --tuning and --algorithms are exclusive\n%s",
+                   kUsage);
       return 2;
     }
     mode = chosen;
@@ -416,6 +485,8 @@ int main(int argc, char** argv) {
         return printPeers();
       case Mode::Tuning:
         return printTuning(ranks, transport, measure);
+      case Mode::Algorithms:
+        return printAlgorithms(collective, names);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-info: %s\n", e.what());

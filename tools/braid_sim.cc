@@ -29,7 +29,8 @@ constexpr const char* kUsage =
     "usage: braid-sim <collective> --ranks N [options]\n"
     "  collective: allreduce, broadcast, reduce, allgather, reducescatter\n"
     "  -n, --ranks N          ranks to simulate (1..65536)\n"
-    "      --algo LIST        algorithms to compare (default: every one the collective has)\n"
+    "      --algo LIST        algorithms to compare (default: every one the collective has;\n"
+    "                         braid-info --algorithms lists them)\n"
     "      --bw RATE          bandwidth of each link, e.g. 50GB/s, 100Gb/s, 12.5GiB/s\n"
     "                         (default 50GB/s)\n"
     "      --lat TIME         latency of each message, e.g. 5us, 800ns, 1ms (default 5us)\n"
@@ -135,7 +136,8 @@ int run(int argc, char** argv) {
             list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         Algorithm algorithm;
         if (!braid::algo::parseAlgorithm(item, &algorithm))
-          throw UsageError("--algo: '" + item + "' is not an algorithm");
+          throw UsageError("--algo: '" + item +
+                           "' is not an algorithm (see braid-info --algorithms)");
         algorithms.push_back(algorithm);
         if (comma == std::string::npos) break;
         start = comma + 1;
@@ -182,7 +184,8 @@ int run(int argc, char** argv) {
     const auto& known = braid::algo::algorithmsFor(collective);
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw UsageError(std::string("--algo: ") + braid::algo::collectiveName(collective) +
-                       " has no algorithm '" + braid::algo::algorithmName(a) + "'");
+                       " has no algorithm '" + braid::algo::algorithmName(a) + "' (it has " +
+                       braid::algo::algorithmNames(collective) + ")");
   }
 
   const bool gathered =
