@@ -35,8 +35,9 @@ std::vector<uint64_t> stripePosts(const Communicator& comm, int peer);
 // (read in place by the peer) rather than as copies.
 uint64_t piecesSentByReference(const Communicator& comm);
 
-// The algorithm of this rank's most recent operation ("ring", "tree", ...),
-// and of its most recent one on device buffers ("oneshot", "twoshot", ...).
+// The catalog's name (algo::algorithmName; braid-info --algorithms lists
+// them) of the algorithm of this rank's most recent operation, and of its
+// most recent one on device buffers.
 std::string lastAlgorithm(const Communicator& comm);
 std::string lastDeviceAlgorithm(const Communicator& comm);
 

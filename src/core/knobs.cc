@@ -98,8 +98,9 @@ const std::vector<KnobInfo>& knobTable() {
        "(one hop; max 64K)",
        nullptr},
       {"BRAID_ALGO", "list", "",
-       "algorithms to use, e.g. \"tree\" or \"allreduce:rabenseifner,broadcast:binomial\"; "
-       "empty lets braid choose (NCCL_ALGO's Ring, Tree and PAT map to braid's nearest)",
+       "algorithms to use, each for every collective that has it or for one, e.g. "
+       "\"allreduce:tree,broadcast:binomial\" (braid-info --algorithms lists them); empty lets "
+       "braid choose (NCCL_ALGO's Ring, Tree and PAT map to braid's nearest)",
        "NCCL_ALGO"},
       {"BRAID_TUNING", "string", "measured",
        "how braid picks algorithms BRAID_ALGO leaves open: measured (fastest by an alpha-beta "
