@@ -15,6 +15,7 @@
 namespace braid::transport {
 namespace {
 
+#if !BRAID_HAVE_UCX || !BRAID_HAVE_IBVERBS
 // The entry of a transport this library was built without: enough to
 // name it, and to refuse its knob's ON.
 TransportEntry unbuilt(const char* name, const char* useKnob, TransportUse Knobs::*use,
@@ -27,6 +28,7 @@ TransportEntry unbuilt(const char* name, const char* useKnob, TransportUse Knobs
   entry.notBuilt = why;
   return entry;
 }
+#endif
 
 // The table. Priority is row order: a pair of ranks takes the first row
 // that reaches it (and that the automatic choice has not passed over).

@@ -125,7 +125,7 @@ const std::vector<KnobInfo>& knobTable() {
        nullptr},
       {"BRAID_LOG_LEVEL", "string", "warn", "off, warn, info, debug or trace", "NCCL_DEBUG"},
       {"BRAID_LOG_SUBSYS", "list", "all",
-       "subsystems to log: init, bootstrap, tcp, exec, coll, env; ^ first leaves them out",
+       "subsystems to log: init, bootstrap, net, exec, coll, env; ^ first leaves them out",
        "NCCL_DEBUG_SUBSYS"},
       {"BRAID_LOG_FILE", "string", "", "log to this file instead of stderr (%p = pid)", nullptr},
   };
