@@ -20,9 +20,7 @@ namespace {
 // name it, and to refuse its knob's ON.
 TransportEntry unbuilt(const char* name, const char* useKnob, TransportUse Knobs::*use,
                        const char* why) {
-  TransportEntry entry;
-  entry.name = name;
-  entry.summary = "not built into this library";
+  TransportEntry entry(name, Reach::AnyHost, "not built into this library");
   entry.useKnob = useKnob;
   entry.use = use;
   entry.notBuilt = why;

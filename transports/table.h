@@ -59,9 +59,12 @@ using CreateDevice = std::unique_ptr<DeviceTransport> (*)(const Setup& setup,
                                                           std::string* whyNot);
 
 struct TransportEntry {
-  const char* name = "";
-  const char* summary = "";  // one line, for braid-info
-  Reach reach = Reach::AnyHost;
+  TransportEntry(const char* name, Reach reach, const char* summary)
+      : name(name), summary(summary), reach(reach) {}
+
+  const char* name;
+  const char* summary;  // one line, for braid-info
+  Reach reach;
 
   // Host buffers; null where it carries none.
   CreateHost create = nullptr;

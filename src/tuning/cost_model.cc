@@ -1,23 +1,25 @@
 #include "tuning/cost_model.h"
 
 namespace braid::tuning {
+namespace {
 
-algo::LinkModel hostLinkModel(double latency, double bandwidth) {
+algo::LinkModel linkModel(double latency, double bandwidth, double copy, double reduce) {
   algo::LinkModel link;
   link.latency = latency;
   link.bandwidth = bandwidth;
-  link.copyBandwidth = 12e9;
-  link.reduceBandwidth = 10e9;
+  link.copyBandwidth = copy;
+  link.reduceBandwidth = reduce;
   return link;
 }
 
+}  // namespace
+
+algo::LinkModel hostLinkModel(double latency, double bandwidth) {
+  return linkModel(latency, bandwidth, 12e9, 10e9);
+}
+
 algo::LinkModel deviceLinkModel(double latency, double bandwidth) {
-  algo::LinkModel link;
-  link.latency = latency;
-  link.bandwidth = bandwidth;
-  link.copyBandwidth = 1.5e12;
-  link.reduceBandwidth = 1e12;
-  return link;
+  return linkModel(latency, bandwidth, 1.5e12, 1e12);
 }
 
 }  // namespace braid::tuning

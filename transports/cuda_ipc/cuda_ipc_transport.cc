@@ -477,12 +477,10 @@ std::vector<PeerWindow> mapWindow(const Setup& setup, const std::vector<int>& pe
 }  // namespace
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "cuda_ipc";
-  entry.summary =
+  TransportEntry entry(
+      "cuda_ipc", Reach::SameHost,
       "device memory FIFOs mapped between the ranks of one host (cuMem fd handles), "
-      "or handed over as pointers within a process (nvlink_p2p)";
-  entry.reach = Reach::SameHost;
+      "or handed over as pointers within a process (nvlink_p2p)");
   entry.createDevice = create;
   entry.mapWindow = mapWindow;
   entry.unmapWindow = unmapWindow;

@@ -326,8 +326,6 @@ namespace {
 std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& peers,
                                   std::string* whyNot) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
-  const size_t slotBytes = setup.slotBytes;
-  const int slots = setup.slots;
   const net::Deadline deadline = setup.deadline;
   const Options options = optionsFromKnobs();
   std::unique_ptr<Transport> control =
@@ -340,7 +338,7 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
       if (!backend) throw Error(ErrorCode::SystemError, why);
       transport =
           std::make_unique<IbTransport>(std::move(backend), std::move(control), bootstrap.size());
-      transport->open(options, peers, slotBytes, slots, bootstrap.rank());
+      transport->open(options, peers, setup.slotBytes, setup.slots, bootstrap.rank());
     });
     bootstrap::agree(bootstrap, deadline, "ibverbs", "connect its QPs",
                      [&] { transport->connect(bootstrap, peers, deadline); });
@@ -373,12 +371,9 @@ bool everyRankCan(const Setup& setup, TransportUse use) {
 }  // namespace
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "ibverbs";
-  entry.summary =
-      "RDMA writes over InfiniBand or RoCE queue pairs, any host; device buffers "
-      "by GPUDirect RDMA or staged";
-  entry.reach = Reach::AnyHost;
+  TransportEntry entry("ibverbs", Reach::AnyHost,
+                       "RDMA writes over InfiniBand or RoCE queue pairs, any host; device buffers "
+                       "by GPUDirect RDMA or staged");
   entry.create = create;
   entry.createDevice = [](const Setup& setup, const std::vector<int>& peers,
                           std::string*) -> std::unique_ptr<DeviceTransport> {

@@ -65,10 +65,7 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>&, s
 }  // namespace
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "self";
-  entry.summary = "a rank's connection to itself";
-  entry.reach = Reach::Self;
+  TransportEntry entry("self", Reach::Self, "a rank's connection to itself");
   entry.create = create;
   entry.hostLink = tuning::hostLinkModel(0.15e-6, 12e9);  // a copy, as within shm
   return entry;

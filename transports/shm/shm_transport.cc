@@ -701,10 +701,8 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
 }  // namespace
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "shm";
-  entry.summary = "a FIFO per peer in POSIX shared memory, ranks on one host";
-  entry.reach = Reach::SameHost;
+  TransportEntry entry("shm", Reach::SameHost,
+                       "a FIFO per peer in POSIX shared memory, ranks on one host");
   entry.create = create;
   entry.hostLink = tuning::hostLinkModel(0.15e-6, 12e9);  // the sender's copy into the FIFO
   return entry;

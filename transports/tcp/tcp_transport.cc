@@ -525,12 +525,10 @@ std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
 }
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "tcp";
-  entry.summary =
+  TransportEntry entry(
+      "tcp", Reach::AnyHost,
       "stream sockets to any host (BRAID_NSOCKS_PERTHREAD per peer); device buffers "
-      "staged through host memory";
-  entry.reach = Reach::AnyHost;
+      "staged through host memory");
   entry.create = [](const Setup& setup, const std::vector<int>& peers,
                     std::string*) -> std::unique_ptr<Transport> {
     return connectPeers(setup.bootstrap, peers, setup.slotBytes, setup.slots, setup.knobs.sockets,

@@ -344,10 +344,8 @@ bool everyRankCan(const Setup& setup, TransportUse use) {
 }  // namespace
 
 TransportEntry entry() {
-  TransportEntry entry;
-  entry.name = "ucx";
-  entry.summary = "UCX tagged messages (its own wires: RDMA, shared memory, TCP), any host";
-  entry.reach = Reach::AnyHost;
+  TransportEntry entry("ucx", Reach::AnyHost,
+                       "UCX tagged messages (its own wires: RDMA, shared memory, TCP), any host");
   entry.create = create;
   entry.useKnob = "BRAID_UCX";
   entry.use = &Knobs::ucx;
