@@ -293,28 +293,33 @@ PendingOp pointToPointOp(Communicator::Impl& impl, bool sending, const void* inp
 
 }  // namespace
 
-Work Communicator::send(const void* buffer, size_t count, DataType type, int peer, Stream stream) {
-  Impl& impl = usable(impl_.get(), "send");
-  ArgumentCheck check(impl, "send");
+namespace {
+
+// send() and recv(): the same checks, then the op. A send reads `input`,
+// a receive writes `output`; the other is null.
+Work issuePointToPoint(Communicator::Impl* handle, bool sending, const void* input, void* output,
+                       size_t count, DataType type, int peer, Stream stream) {
+  const char* call = sending ? "send" : "recv";
+  const void* buffer = sending ? input : output;
+  Communicator::Impl& impl = usable(handle, call);
+  ArgumentCheck check(impl, call);
   check.type(type);
   check.rank("peer", peer);
   check.size("count", count, type);
   check.buffer("buffer", buffer, count);
   const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
   return impl.issue(
-      pointToPointOp(impl, true, buffer, nullptr, count, type, peer, stream, onDevice));
+      pointToPointOp(impl, sending, input, output, count, type, peer, stream, onDevice));
+}
+
+}  // namespace
+
+Work Communicator::send(const void* buffer, size_t count, DataType type, int peer, Stream stream) {
+  return issuePointToPoint(impl_.get(), true, buffer, nullptr, count, type, peer, stream);
 }
 
 Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Stream stream) {
-  Impl& impl = usable(impl_.get(), "recv");
-  ArgumentCheck check(impl, "recv");
-  check.type(type);
-  check.rank("peer", peer);
-  check.size("count", count, type);
-  check.buffer("buffer", buffer, count);
-  const bool onDevice = check.onDevice(stream, {{"buffer", buffer}});
-  return impl.issue(
-      pointToPointOp(impl, false, nullptr, buffer, count, type, peer, stream, onDevice));
+  return issuePointToPoint(impl_.get(), false, nullptr, buffer, count, type, peer, stream);
 }
 
 Work Communicator::barrier(Stream stream) {
