@@ -55,10 +55,10 @@ constexpr const char* kUsage =
     "  --tuning     for each collective and size (8 B to 1 GiB of float32), the algorithm\n"
     "               braid picks with this environment's knobs (BRAID_ALGO,\n"
     "               BRAID_ONESHOT_BYTES, BRAID_CHUNK_BYTES) and the time the alpha-beta\n"
-    "               model of transport T (default shm) predicts for it at N ranks\n"
-    "               (default 2); the model's parameters head the table. With --measure,\n"
-    "               run under braid-run -n N: the model a communicator measures at\n"
-    "               creation (BRAID_TUNING=measured), at N ranks\n"
+    "               model of transport T (default: the first within a host, shm)\n"
+    "               predicts for it at N ranks (default 2); the model's parameters head\n"
+    "               the table. With --measure, run under braid-run -n N: the model a\n"
+    "               communicator measures at creation (BRAID_TUNING=measured), at N ranks\n"
     "  --algorithms every algorithm braid has (the names BRAID_ALGO takes), or those of\n"
     "               COLLECTIVE: its schedule and cost per rank and the shapes it needs;\n"
     "               with --names, the names alone of COLLECTIVE's algorithms that run on\n"
@@ -419,7 +419,11 @@ int main(int argc, char** argv) {
   std::string collective;  // --algorithms COLLECTIVE
   bool names = false;      // --algorithms --names
   int ranks = 2;
-  std::string transport = "shm";
+  std::string transport;  // --tuning --transport; default: the table's first within a host
+  for (const braid::transport::TableRow& row : braid::transport::table())
+    if (transport.empty() && row.entry.create &&
+        row.entry.reach == braid::transport::Reach::SameHost)
+      transport = row.entry.name;
   bool measure = false;
   bool markdown = false;  // --config --markdown
   for (int i = 1; i < argc; ++i) {

@@ -294,7 +294,7 @@ bool Executor::peerSharesCpu() const {
 }
 
 void Executor::waitForActivity(Clock::time_point until) {
-  if (waitable_.empty()) {  // nothing to block on (only "self"): just sleep
+  if (waitable_.empty()) {  // nothing to block on (only the loopback): just sleep
     std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), kShortSleep));
     return;
   }
