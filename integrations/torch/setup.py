@@ -37,13 +37,21 @@ def write_version_header(version):
         header.write_text(text)
 
 
+# Transports that need a library this build leaves out (BRAID_HAVE_UCX and
+# BRAID_HAVE_IBVERBS are 0 below; the transport table then names them as
+# not built).
+LEFT_OUT_TRANSPORTS = {"ucx", "ibverbs"}
+
+
 def braid_sources():
-    """libbraid's host sources, as the top-level CMakeLists.txt lists them."""
+    """libbraid's host sources, as the top-level CMakeLists.txt finds them:
+    src/, the transport table and wiring, and every transport folder."""
     patterns = ["src/core/*.cc", "src/bootstrap/*.cc", "src/algorithms/*.cc", "src/exec/*.cc",
                 "src/reduce/*.cc", "src/tuning/*.cc", "src/ddp/*.cc", "src/device/*.cc",
-                "src/device/emulated/*.cc", "transports/registry.cc", "transports/tcp/*.cc",
-                "transports/self/*.cc", "transports/shm/*.cc", "transports/cuda_ipc/*.cc",
-                "transports/nvlink_p2p/*.cc"]
+                "src/device/emulated/*.cc", "transports/*.cc"]
+    patterns += [f"transports/{folder.name}/*.cc"
+                 for folder in sorted((ROOT / "transports").iterdir())
+                 if (folder / "CMakeLists.txt").exists() and folder.name not in LEFT_OUT_TRANSPORTS]
     return sorted(str(path) for pattern in patterns for path in ROOT.glob(pattern))
 
 
