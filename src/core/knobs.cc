@@ -21,9 +21,8 @@ const std::vector<KnobInfo>& knobTable() {
        "waits a quarter more (at most 1 s) for a peer to say whom it blames",
        nullptr},
       {"BRAID_TRANSPORT", "list", "",
-       "ordered transports to use: shm, tcp, ucx, ibverbs (where built), e.g. \"tcp\" or "
-       "\"shm,ibverbs\"; "
-       "empty picks the best per peer",
+       "ordered transports of host buffers to use, e.g. \"tcp\" or \"shm,ibverbs\" (braid-info "
+       "lists those built, in the order braid prefers them); empty picks the best per peer",
        nullptr},
       {"BRAID_SOCKET_IFNAME", "string", "",
        "network interface for bootstrap and TCP; empty uses the one that routes to the root",

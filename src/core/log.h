@@ -1,6 +1,6 @@
 // Leveled, subsystem-filtered logging: BRAID_LOG_LEVEL, BRAID_LOG_SUBSYS,
 // BRAID_LOG_FILE. Each line carries rank, pid and subsystem:
-//   braid[rank 1 pid 4242 tcp] warn: dropped a connection without the job secret
+//   braid[rank 1 pid 4242 bootstrap] warn: dropped a connection without the job secret
 #pragma once
 
 #include <cstdarg>
@@ -9,7 +9,7 @@ namespace braid::log {
 
 enum class Level : int { Off = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
 
-// Subsystems name where a line comes from; BRAID_LOG_SUBSYS=init,tcp keeps
+// Subsystems name where a line comes from; BRAID_LOG_SUBSYS=init,net keeps
 // only those (default: all).
 enum class Subsys : int { Init, Bootstrap, Net, Exec, Coll, Env };
 
