@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every algorithm of one collective that runs on host buffers of ranks on
 # one host (braid-info --algorithms COLL --names), forced through BRAID_ALGO,
-# next to braid's own choice, at each rank count (DESIGN.md §8 units).
+# next to braid's own choice, at each rank count (units as in docs/getting-started.md).
 #
 #   benchmarks/algorithms.sh OUTDIR
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compares braid's all-reduce with its peers on this machine (DESIGN.md §8).
+# Compares braid's all-reduce with its peers on this machine (docs/performance.md).
 #
 #   benchmarks/compare.sh [--hosts H] OUTDIR
 #

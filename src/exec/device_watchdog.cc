@@ -20,7 +20,7 @@
 // waiters may enqueue at once). failAll() runs with mutex_ held, from here
 // or from a failed enqueue, and calls OnFailure under it.
 //
-// What it guarantees (DESIGN.md section 3a): a wait can never outlive its
+// What it guarantees (docs/device-memory.md, "Faults"): a wait can never outlive its
 // op. Once the executor failed, every turn writes from the host this rank's
 // counters, at the furthest value anything enqueued waits for, and the tags
 // the oldest outstanding op's receives expect, until the stream has passed
