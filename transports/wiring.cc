@@ -226,9 +226,9 @@ Wiring wireUp(const Setup& setup) {
     if (!anyPairTakesLast(tried, bootstrap)) continue;
     TransportUse use = TransportUse::Auto;
     if (automatic && entry.useKnob && !mayTry(setup, entry, &use)) continue;
+    const std::vector<int> peers = peersTaking(tried, *row, bootstrap);
     std::string whyNot;
-    std::unique_ptr<Transport> created =
-        entry.create(setup, peersTaking(tried, *row, bootstrap), &whyNot);
+    std::unique_ptr<Transport> created = entry.create(setup, peers, &whyNot);
     if (!created) {
       if (!automatic)
         fail(ErrorCode::SystemError, rank,
@@ -239,8 +239,7 @@ Wiring wireUp(const Setup& setup) {
       BRAID_INFO(Init, "%s cannot carry this communicator (%s)", entry.name, whyNot.c_str());
       continue;
     }
-    wiring.order.push_back(row);
-    const std::vector<int> peers = peersTaking(wiring.order, *row, bootstrap);
+    wiring.order = std::move(tried);
     if (peers.empty()) continue;
     for (int peer : peers) {
       wiring.connections[peer] = &created->connection(peer);
