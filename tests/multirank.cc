@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <vector>
 
@@ -47,6 +48,22 @@ struct Child {
   }
   ::close(fd);
   ::_exit(message.empty() ? 0 : 1);
+}
+
+// Every thread's stack of a process that hung, from gdb where it is
+// installed ("" where it is not, or cannot attach), for the failure report.
+std::string stacksOf(pid_t pid) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) return "";
+  const std::string command = "timeout 60 /usr/bin/gdb -p " + std::to_string(pid) +
+                              " -batch -nx -ex 'thread apply all bt' 2>/dev/null"
+                              " | grep -E '^(Thread|#)'";
+  std::string stacks;
+  if (FILE* gdb = ::popen(command.c_str(), "r")) {
+    char line[1024];
+    while (std::fgets(line, sizeof(line), gdb)) stacks += line;
+    ::pclose(gdb);
+  }
+  return stacks;
 }
 
 void drain(Child& child) {
@@ -156,14 +173,30 @@ void runProcesses(int nranks,
     }
     if (running > 0) ::usleep(2000);
   }
-  for (Child& child : children) {
+  // Ranks still running hung: each logs its hang report (SIGUSR1: what it
+  // waits for), then all are stopped together (so that none sees another
+  // die and changes its story) and each one's stacks are taken before it
+  // is killed.
+  std::vector<std::string> stacks(children.size());
+  bool anyHung = false;
+  for (Child& child : children)
+    if (!child.exited) anyHung = ::kill(child.pid, SIGUSR1) == 0 || anyHung;
+  if (anyHung) {
+    ::usleep(300000);
+    for (Child& child : children)
+      if (!child.exited) ::kill(child.pid, SIGSTOP);
+    for (size_t i = 0; i < children.size(); ++i)
+      if (!children[i].exited) stacks[i] = stacksOf(children[i].pid);
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    Child& child = children[i];
     if (!child.exited) {
       ::kill(child.pid, SIGKILL);
       ::waitpid(child.pid, &child.status, 0);
       drain(child);
       ADD_FAILURE() << "rank " << child.rank << " hung: still running after "
                     << options.deadline.count() << " s" << (child.message.empty() ? "" : ": ")
-                    << child.message;
+                    << child.message << (stacks[i].empty() ? "" : "\nits threads:\n") << stacks[i];
     } else if (WIFSIGNALED(child.status)) {
       const bool expected = WTERMSIG(child.status) == SIGKILL &&
                             std::find(options.killed.begin(), options.killed.end(), child.rank) !=
