@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/log.h"
 #include "transports/ucx/ucx_api.h"
 
 namespace braid::transport::ucx {
@@ -101,10 +102,23 @@ void UcxConnection::watchProcess(pid_t pid) {
   pidFd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // -1 where unsupported
 }
 
-void UcxConnection::processExited() {
+void UcxConnection::processExited(int earlierLoss) {
   ::close(pidFd_);
   pidFd_ = -1;
   pumpWords();
+  if (!closed_) {
+    leftUnannounced_ = true;
+    if (earlierLoss >= 0 && earlierLoss != peer_) {
+      blames_ = earlierLoss;
+      fail(
+          format("rank %d failed (its process exited), and peer %d's process exited after it "
+                 "without a word",
+                 earlierLoss, peer_));
+    } else {
+      fail(format("peer %d's process exited without closing its communicator (rank %d failed)",
+                  peer_, peer_));
+    }
+  }
   closed_ = true;
   ++shared_.activity;
 }
@@ -146,8 +160,15 @@ bool UcxConnection::pumpWords() {
   return any;
 }
 
-void UcxConnection::settle() {
+void UcxConnection::settle(int earlierLoss) {
   if (trouble_ == UCS_OK || closed_ || !failure_.empty()) return;
+  if (earlierLoss >= 0 && earlierLoss != peer_) {
+    blames_ = earlierLoss;
+    return fail(
+        format("rank %d failed (its process exited), and then UCX failed an operation "
+               "to peer %d: %s",
+               earlierLoss, peer_, api().statusString(trouble_)));
+  }
   fail(format("the connection to peer %d failed: %s (UCX)", peer_, api().statusString(trouble_)));
 }
 
@@ -181,13 +202,17 @@ bool UcxConnection::requestsOutstanding() const {
 
 void UcxConnection::fail(const std::string& why) {
   if (!failure_.empty()) return;
+  BRAID_DEBUG(Net, "ucx: %s", why.c_str());
   failure_ = why;
+  if (blames_ < 0) blames_ = peer_;
+  if (!shared_.firstFailed) shared_.firstFailed = this;
   shared_.anyFailure = true;
   ++shared_.activity;
 }
 
 void UcxConnection::noteTrouble(ucs_status_t status) {
   if (trouble_ == UCS_OK) trouble_ = status;
+  shared_.trouble = true;
   ++shared_.activity;
 }
 
@@ -210,7 +235,9 @@ void UcxConnection::onSent(void*, ucs_status_t status, void* user) {
 void UcxConnection::sent(SendSlot& slot, ucs_status_t status) {
   slot.state = SendSlot::Done;
   ++shared_.activity;
-  if (status != UCS_OK && status != UCS_ERR_CANCELED) noteTrouble(status);
+  // braid cancels no send (but by closing at the end): a cancelled one did
+  // not arrive.
+  if (status != UCS_OK) noteTrouble(status);
   while (sendDone_ != sendPosted_) {
     const SendSlot& oldest = sendSlots_[sendDone_ % slots_];
     if (oldest.state != SendSlot::Done || oldest.number != sendDone_) break;
@@ -292,7 +319,7 @@ void UcxConnection::onWordSent(void*, ucs_status_t status, void* user) {
   auto* out = static_cast<WordOut*>(user);
   out->busy = false;
   ++out->owner->shared_.activity;
-  if (status != UCS_OK && status != UCS_ERR_CANCELED) out->owner->noteTrouble(status);
+  if (status != UCS_OK) out->owner->noteTrouble(status);
 }
 
 void UcxConnection::postWordRecv() {

@@ -93,9 +93,12 @@ class Requests {
 };
 
 // What the connections of one transport tell it.
+class UcxConnection;
 struct Shared {
   uint64_t activity = 0;  // bumped by every completion and change of state
   bool anyFailure = false;
+  UcxConnection* firstFailed = nullptr;  // the connection that failed first
+  bool trouble = false;                  // a UCX error came since the transport last looked
 };
 
 // The connection to one peer over the transport's worker. Owns its slot
@@ -151,10 +154,19 @@ class UcxConnection final : public Connection {
   void watchProcess(pid_t pid);
   int pidFd() const { return pidFd_; }
   // The watched process exited: its connection is closed once its last
-  // words are in (the caller drained the worker first). What it sent is
-  // still read; an op that waits for more from it fails naming it, as for
-  // a peer whose socket closed, and one that no longer needs it finishes.
-  void processExited();
+  // words are in (the caller drained the worker first). A peer that said
+  // bye or gave up is only closed, as a peer whose socket closed: an op
+  // that still needs it fails naming it. One that left without a last word
+  // also fails the connection at once, whatever the ops need: after a
+  // peer's death, UCX 1.13 over shared memory was seen to lose messages
+  // between the ranks still alive (a synchronous send completed that no
+  // receive took; another was cancelled), so nothing more is trusted to
+  // it. The failure names the peer, or rank `earlierLoss` (-1: none) that
+  // left unannounced before it: the peer most likely gave up on that rank
+  // with its word still on the way.
+  void processExited(int earlierLoss);
+  // The peer left without a last word (its process exited, or died).
+  bool leftUnannounced() const { return leftUnannounced_; }
 
   void sayHello();
   // Queues the notice that this rank waits for `rank`; it goes out as soon
@@ -172,8 +184,14 @@ class UcxConnection final : public Connection {
   bool pumpWords();
   // Turns a UCX error on this connection into its failure, unless the
   // peer closed or gave up (its words are taken in first): then the error
-  // only says that its side is gone.
-  void settle();
+  // only says that its side is gone. An error after rank `earlierLoss`
+  // left unannounced (-1: none) is laid to that rank: UCX's handling of a
+  // dead peer's endpoint can fail operations to others too (UCX 1.13 over
+  // shared memory was seen cancelling a send to a live peer).
+  void settle(int earlierLoss);
+  // The rank this connection's failure blames: its peer, or the rank whose
+  // loss settle() laid it to.
+  int blames() const { return blames_; }
 
   // For the transport's destructor. Closes the endpoint: by force where the
   // peer closed, this rank gave up or the connection failed, else flushing
@@ -272,6 +290,8 @@ class UcxConnection final : public Connection {
   bool noticePending_ = false;
   int noticeRank_ = -1;
 
+  bool leftUnannounced_ = false;
+  int blames_ = -1;
   bool heardHello_ = false;
   bool closed_ = false;            // the peer said bye or gave up
   bool saidLastWord_ = false;      // nothing more is sent: bye or a give-up said

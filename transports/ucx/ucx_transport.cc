@@ -83,9 +83,16 @@ class UcxTransport final : public Transport {
     throwIfFailed();
     const uint64_t before = shared_.activity;
     api().workerProgress(worker_->handle());
+    // A UCX error may come of a peer's death that its pidfd tells of: hear
+    // that first, so that the error is laid to the dead rank.
+    if (shared_.trouble) {
+      shared_.trouble = false;
+      watchProcesses();
+      pollProcesses(false, std::chrono::nanoseconds(0));
+    }
     for (auto& connection : connections_) {
       connection->pumpWords();
-      connection->settle();
+      connection->settle(firstLoss_);
       connection->sendNotice();
     }
     throwIfFailed();
@@ -103,13 +110,7 @@ class UcxTransport final : public Transport {
   // it looks at the pidfds between turns and, after the first few turns,
   // pauses there briefly instead of spinning.
   void waitForActivity(Clock::time_point until) override {
-    pollFds_.assign(1, {worker_->eventFd(), POLLIN, 0});
-    watched_.clear();
-    for (auto& connection : connections_)
-      if (connection->pidFd() >= 0) {
-        pollFds_.push_back({connection->pidFd(), POLLIN, 0});
-        watched_.push_back(connection.get());
-      }
+    watchProcesses();
     for (int turn = 0;; ++turn) {
       if (shared_.activity != snapshot_ || shared_.anyFailure) return;
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
@@ -125,20 +126,7 @@ class UcxTransport final : public Transport {
       const std::chrono::nanoseconds wait = armed == UCS_OK ? left
                                             : turn < 4      ? std::chrono::nanoseconds(0)
                                                             : std::min(left, kPause);
-      timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
-                       static_cast<long>(wait.count() % 1000000000)};
-      const size_t first = armed == UCS_OK ? 0 : 1;
-      for (size_t i = 0; i < pollFds_.size(); ++i) pollFds_[i].revents = 0;
-      if (::ppoll(pollFds_.data() + first, pollFds_.size() - first, &timeout, nullptr) > 0)
-        for (size_t i = 1; i < pollFds_.size(); ++i)
-          if (pollFds_[i].revents && watched_[i - 1]->pidFd() >= 0) {
-            // Whatever the peer said before it went is in the worker: take
-            // it in before judging.
-            for (int drain = 0; drain < 1000 && api().workerProgress(worker_->handle()) != 0;
-                 ++drain) {
-            }
-            watched_[i - 1]->processExited();
-          }
+      pollProcesses(armed == UCS_OK, wait);
       if (armed == UCS_OK) return;
     }
   }
@@ -196,8 +184,47 @@ class UcxTransport final : public Transport {
   // The pause between turns of a worker that UCX keeps busy.
   static constexpr std::chrono::nanoseconds kPause{100000};
 
+  // pollFds_ and watched_ for the peers whose processes are watched still.
+  void watchProcesses() {
+    pollFds_.assign(1, {worker_->eventFd(), POLLIN, 0});
+    watched_.clear();
+    for (auto& connection : connections_)
+      if (connection->pidFd() >= 0) {
+        pollFds_.push_back({connection->pidFd(), POLLIN, 0});
+        watched_.push_back(connection.get());
+      }
+  }
+
+  // Waits up to `wait` on the pidfds of watchProcesses() (and on the
+  // worker's event fd too when `withWorker`: it is armed), and closes the
+  // connections of the peers whose processes exited.
+  void pollProcesses(bool withWorker, std::chrono::nanoseconds wait) {
+    timespec timeout{static_cast<time_t>(wait.count() / 1000000000),
+                     static_cast<long>(wait.count() % 1000000000)};
+    const size_t first = withWorker ? 0 : 1;
+    for (pollfd& each : pollFds_) each.revents = 0;
+    if (::ppoll(pollFds_.data() + first, pollFds_.size() - first, &timeout, nullptr) <= 0) return;
+    for (size_t i = 1; i < pollFds_.size(); ++i) {
+      UcxConnection& connection = *watched_[i - 1];
+      if (!pollFds_[i].revents || connection.pidFd() < 0) continue;
+      // Whatever the peer said before it went is in the worker: take it in
+      // before judging.
+      for (int drain = 0; drain < 1000 && api().workerProgress(worker_->handle()) != 0; ++drain) {
+      }
+      connection.processExited(firstLoss_);
+      if (firstLoss_ < 0 && connection.leftUnannounced()) firstLoss_ = connection.peer();
+    }
+  }
+
   void throwIfFailed() {
-    if (shared_.anyFailure) throwFirstFailure(failure_, connections_, &failedPeer_);
+    if (!shared_.anyFailure) return;
+    if (!failure_.empty()) {
+      failedPeer_ = -1;
+      throw Error(ErrorCode::SystemError, failure_);
+    }
+    const UcxConnection& first = *shared_.firstFailed;
+    failedPeer_ = first.blames();
+    throw Error(ErrorCode::RemoteError, first.failure());
   }
 
   std::unique_ptr<Worker> worker_;  // destroyed first, explicitly (see the destructor)
@@ -208,6 +235,8 @@ class UcxTransport final : public Transport {
   std::vector<UcxConnection*> watched_;  // preallocated: no allocation per wait
   uint64_t snapshot_ = 0;
   int failedPeer_ = -1;
+  // The first peer whose process exited without a last word (-1: none).
+  int firstLoss_ = -1;
   std::string failure_;  // of the worker itself
 };
 
