@@ -50,6 +50,8 @@ struct SharedState {
   std::atomic<int> pastBarrier;    // ranks whose first barrier returned
   std::atomic<int64_t> faultAtNs;  // when the fault struck (0: not yet)
   std::atomic<int> faultOver;      // the fault struck, missed or will not come
+  std::atomic<int> faultMissed;    // ... after every rank was done
+  std::atomic<int> ranksGone;      // every rank's process ended
   std::atomic<int> abortNow;       // Abort: the victim's thread aborts now
   std::atomic<int> aborted;        // ... and it did (abort() returned)
   std::atomic<int> idReady;        // the measured communicator's id is in `id`

@@ -5,6 +5,7 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <regex>
+#include <stdexcept>
 #include <thread>
 
 #include "chaos/rank.h"
@@ -75,28 +77,37 @@ char stateOf(pid_t pid) {
 
 // The driver's side of the fault: waits until every rank passed its first
 // barrier, then for the trial's moment, then strikes; a stopped rank is
-// killed once every other rank reported (or long after the timeout).
+// killed once every other rank reported (or long after the timeout). It
+// strikes from a process of its own, forked before the ranks: a thread
+// here would make the ranks children of a multi-threaded process, which
+// ThreadSanitizer cannot follow.
 class Striker {
  public:
   Striker(const Trial& trial, SharedState* shared, const testing::NamespaceHosts* hosts,
           milliseconds timeout)
       : trial_(trial), shared_(shared), hosts_(hosts), timeout_(timeout) {
-    thread_ = std::thread([this] { run(); });
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork of the fault process failed");
+    if (pid_ == 0) {
+      run();
+      ::_exit(0);  // nothing of the driver's (its hosts above all) is torn down here
+    }
   }
   ~Striker() { finish(); }
   // Once the ranks' processes are gone.
   void finish() {
-    over_.store(true);
-    if (thread_.joinable()) thread_.join();
+    shared_->ranksGone.store(1);
+    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
-  bool missed() const { return missed_; }
 
  private:
   // Sleeps until `done` or until the ranks are gone; false if they went.
   template <typename Done>
   bool waitFor(Done done, steady_clock::time_point until) {
     while (!done()) {
-      if (over_.load() || steady_clock::now() >= until) return false;
+      if (shared_->ranksGone.load() || steady_clock::now() >= until) return false;
       std::this_thread::sleep_for(milliseconds(1));
     }
     return true;
@@ -114,7 +125,7 @@ class Striker {
     }
     const auto at = steady_clock::now() + trial_.moment;
     if (!waitFor([&] { return steady_clock::now() >= at; }, at + seconds(1))) {
-      missed_ = true;  // every rank's process is gone
+      shared_->faultMissed.store(1);  // every rank's process is gone
       shared_->faultOver.store(1);
       return;
     }
@@ -135,7 +146,7 @@ class Striker {
         steady_clock::now() + timeout_ + seconds(3));
     bool anyLeft = false;
     for (int r = 0; r < n; ++r) anyLeft = anyLeft || phaseOf(r) != Phase::Reported;
-    missed_ = !anyLeft;
+    shared_->faultMissed.store(!anyLeft);
     shared_->faultAtNs.store(nowNs());
     const std::vector<int> victims = trial_.victims();
     auto killRank = [&](int rank, int signal) {
@@ -204,9 +215,7 @@ class Striker {
   SharedState* shared_;
   const testing::NamespaceHosts* hosts_;
   const milliseconds timeout_;
-  std::atomic<bool> over_{false};
-  bool missed_ = false;
-  std::thread thread_;
+  pid_t pid_ = -1;
 };
 
 std::string firstLines(const std::string& text, size_t lines) {
@@ -307,7 +316,6 @@ Outcome runTrial(const Trial& trial, const RunSettings& settings) {
   testing::SharedWithRanks<SharedState> shared;
   SharedState* state = shared.operator->();
   ::testing::TestPartResultArray harness;
-  bool missed = false;
   {
     Striker striker(trial, state, hosts ? &*hosts : nullptr, settings.timeout);
     ::testing::ScopedFakeTestPartResultReporter intercept(
@@ -319,9 +327,8 @@ Outcome runTrial(const Trial& trial, const RunSettings& settings) {
         },
         options);
     striker.finish();
-    missed = striker.missed();
   }
-  outcome.faultMissed = missed;
+  outcome.faultMissed = state->faultMissed.load() != 0;
 
   // What the harness saw: a rank that hung, died of a signal it was not
   // meant to, or threw something else than a braid::Error.
