@@ -41,6 +41,7 @@
 #include "chaos/trial.h"
 #include "core/errors.h"
 #include "core/introspect.h"
+#include "core/knobs.h"
 #include "device_support.h"
 #include "netns_hosts.h"
 
@@ -191,13 +192,19 @@ Offer probe(const Arguments& args) {
   return offer;
 }
 
-// BRAID_* and UCX_* variables of the driver's own environment, which every
-// rank inherits: "" or "NAME=value ... ".
+// The knobs (braid's, by their names and NCCL aliases; UCX's) set in the
+// driver's own environment, which every rank inherits: "" or
+// "NAME=value ... ".
 std::string inheritedEnvironment() {
   std::string text;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "BRAID_", 6) == 0 || std::strncmp(*e, "UCX_", 4) == 0)
-      text += std::string(*e) + " ";
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool knob = name.rfind("UCX_", 0) == 0;
+    for (const KnobInfo& info : knobTable())
+      knob = knob || name == info.name || (info.alias && name == info.alias);
+    if (knob) text += entry + " ";
+  }
   return text;
 }
 
