@@ -108,15 +108,20 @@ void UcxConnection::processExited(int earlierLoss) {
   pumpWords();
   if (!closed_) {
     leftUnannounced_ = true;
+    const bool undelivered = sendDone_ != sendPosted_;
     if (earlierLoss >= 0 && earlierLoss != peer_) {
+      failedRank_ = earlierLoss;
       blames_ = earlierLoss;
+      if (undelivered)
+        fail(
+            format("rank %d failed (its process exited), and peer %d's process exited after "
+                   "it without a word while this rank's messages to it were under way",
+                   earlierLoss, peer_));
+    } else if (undelivered) {
       fail(
-          format("rank %d failed (its process exited), and peer %d's process exited after it "
-                 "without a word",
-                 earlierLoss, peer_));
-    } else {
-      fail(format("peer %d's process exited without closing its communicator (rank %d failed)",
-                  peer_, peer_));
+          format("peer %d's process exited without closing its communicator while this rank's "
+                 "messages to it were under way (rank %d failed)",
+                 peer_, peer_));
     }
   }
   closed_ = true;

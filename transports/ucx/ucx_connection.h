@@ -154,16 +154,17 @@ class UcxConnection final : public Connection {
   void watchProcess(pid_t pid);
   int pidFd() const { return pidFd_; }
   // The watched process exited: its connection is closed once its last
-  // words are in (the caller drained the worker first). A peer that said
-  // bye or gave up is only closed, as a peer whose socket closed: an op
-  // that still needs it fails naming it. One that left without a last word
-  // also fails the connection at once, whatever the ops need: after a
-  // peer's death, UCX 1.13 over shared memory was seen to lose messages
-  // between the ranks still alive (a synchronous send completed that no
-  // receive took; another was cancelled), so nothing more is trusted to
-  // it. The failure names the peer, or rank `earlierLoss` (-1: none) that
-  // left unannounced before it: the peer most likely gave up on that rank
-  // with its word still on the way.
+  // words are in (the caller drained the worker first), as a peer's whose
+  // socket closed: an op that still needs it fails naming it, one that
+  // has what it needs from it finishes. A peer that left without a last
+  // word while this rank's messages to it were under way also fails the
+  // connection at once, whatever the ops need: UCX 1.13 over shared memory
+  // was seen to lose messages between the ranks still alive then (after a
+  // peer died with sends to it pending, a synchronous send between two
+  // others completed that no receive took, and another was cancelled), so
+  // no rank may wait on them. A peer that left unannounced after rank
+  // `earlierLoss` (-1: none) did is taken to have given up on that rank,
+  // with its word still on the way, and the failure names that rank.
   void processExited(int earlierLoss);
   // The peer left without a last word (its process exited, or died).
   bool leftUnannounced() const { return leftUnannounced_; }
