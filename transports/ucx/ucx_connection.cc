@@ -128,6 +128,14 @@ void UcxConnection::processExited(int earlierLoss) {
   ++shared_.activity;
 }
 
+void UcxConnection::failStillWaiting(std::chrono::milliseconds ago) {
+  fail(
+      format("rank %d failed (its process exited without closing its communicator), and in "
+             "the %lld ms since, this rank has waited for messages of the ranks still alive, "
+             "which UCX may have lost",
+             peer_, static_cast<long long>(ago.count())));
+}
+
 void UcxConnection::sayHello() {
   if (live()) sendWord(wordsOut_[0], {kHello, -1}, false);
 }

@@ -168,6 +168,9 @@ class UcxConnection final : public Connection {
   void processExited(int earlierLoss);
   // The peer left without a last word (its process exited, or died).
   bool leftUnannounced() const { return leftUnannounced_; }
+  // Fails the connection of a peer that left unannounced `ago`, for a
+  // rank that has waited on the others since (UcxTransport's distrust).
+  void failStillWaiting(std::chrono::milliseconds ago);
 
   void sayHello();
   // Queues the notice that this rank waits for `rank`; it goes out as soon

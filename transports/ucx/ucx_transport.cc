@@ -110,6 +110,9 @@ class UcxTransport final : public Transport {
   // it looks at the pidfds between turns and, after the first few turns,
   // pauses there briefly instead of spinning.
   void waitForActivity(Clock::time_point until) override {
+    if (firstLoss_ >= 0 && !shared_.anyFailure && Clock::now() - lossAt_ > kDistrustAfter)
+      byRank_[firstLoss_]->failStillWaiting(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lossAt_));
     watchProcesses();
     for (int turn = 0;; ++turn) {
       if (shared_.activity != snapshot_ || shared_.anyFailure) return;
@@ -181,6 +184,14 @@ class UcxTransport final : public Transport {
   static constexpr std::chrono::milliseconds kCloseWithin{1000};
   static constexpr std::chrono::milliseconds kCancelWithin{200};
   static constexpr std::chrono::milliseconds kIdleSlice{10};
+  // How long after a peer left unannounced a rank still waits for the
+  // others' messages. UCX 1.13 over shared memory was seen to lose messages
+  // between the ranks still alive after a peer died mid-op (a synchronous
+  // send completed that no receive took, another was cancelled), so two
+  // survivors could wait for each other forever; past this, the wait fails
+  // naming the dead rank. An op whose messages are all in (a peer that
+  // exited after its part) finishes well within it.
+  static constexpr std::chrono::milliseconds kDistrustAfter{500};
   // The pause between turns of a worker that UCX keeps busy.
   static constexpr std::chrono::nanoseconds kPause{100000};
 
@@ -212,7 +223,10 @@ class UcxTransport final : public Transport {
       for (int drain = 0; drain < 1000 && api().workerProgress(worker_->handle()) != 0; ++drain) {
       }
       connection.processExited(firstLoss_);
-      if (firstLoss_ < 0 && connection.leftUnannounced()) firstLoss_ = connection.peer();
+      if (firstLoss_ < 0 && connection.leftUnannounced()) {
+        firstLoss_ = connection.peer();
+        lossAt_ = Clock::now();
+      }
     }
   }
 
@@ -235,8 +249,10 @@ class UcxTransport final : public Transport {
   std::vector<UcxConnection*> watched_;  // preallocated: no allocation per wait
   uint64_t snapshot_ = 0;
   int failedPeer_ = -1;
-  // The first peer whose process exited without a last word (-1: none).
+  // The first peer whose process exited without a last word (-1: none),
+  // and when.
   int firstLoss_ = -1;
+  Clock::time_point lossAt_;
   std::string failure_;  // of the worker itself
 };
 
