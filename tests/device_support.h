@@ -2,9 +2,6 @@
 // program uses cudaMalloc memory and a cudaStream_t.
 #pragma once
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -13,6 +10,7 @@
 
 #include "braid/braid.h"
 #include "device/device.h"
+#include "multirank.h"
 
 namespace braid::testing {
 
@@ -21,28 +19,10 @@ namespace braid::testing {
 inline std::string unavailable(const std::string& backend) {
   static std::map<std::string, std::string> known;
   if (auto it = known.find(backend); it != known.end()) return it->second;
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    std::string why;
-    try {
-      device::select(backend);
-      why = device::unavailableReason();
-    } catch (const std::exception& error) {
-      why = error.what();
-    }
-    (void)!::write(fds[1], why.data(), why.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string why;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) why.append(buffer, n);
-  ::close(fds[0]);
-  ::waitpid(child, nullptr, 0);
-  return known[backend] = why;
+  return known[backend] = askInChild([&] {
+           device::select(backend);
+           return device::unavailableReason();
+         });
 }
 
 // Device memory of the communicator's device, filled from and read back

@@ -211,6 +211,31 @@ void runProcesses(int nranks,
   }
 }
 
+std::string askInChild(const std::function<std::string()>& ask) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    std::string answer;
+    try {
+      answer = ask();
+    } catch (const std::exception& error) {
+      answer = error.what();
+    }
+    (void)!::write(fds[1], answer.data(), answer.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string answer;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) answer.append(buffer, n);
+  ::close(fds[0]);
+  ::waitpid(child, nullptr, 0);
+  return answer;
+}
+
 void runRanks(int nranks, const std::function<void(Communicator&)>& body,
               const RunOptions& options) {
   runProcesses(

@@ -57,6 +57,11 @@ void runProcesses(int nranks,
                   const std::function<void(int rank, const UniqueId& id, const Config&)>& body,
                   const RunOptions& options = {});
 
+// Runs `ask` in a forked child and returns what it says (or what it threw):
+// for questions whose answer would start threads or load libraries in the
+// process that forks the ranks (the harness must not).
+std::string askInChild(const std::function<std::string()>& ask);
+
 // A T in memory the forked ranks share with this process, value-initialized
 // (T's members must be lock-free atomics or plain data).
 template <typename T>

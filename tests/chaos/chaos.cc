@@ -125,42 +125,14 @@ Arguments parse(int argc, char** argv) {
   return args;
 }
 
-// Runs `ask` in a forked child and returns what it says: the driver itself
-// loads no transport library and starts no thread of braid's, as the
-// harness requires of the process that forks the ranks.
-std::string askInChild(const std::function<std::string()>& ask) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    std::string answer;
-    try {
-      answer = ask();
-    } catch (const std::exception& error) {
-      answer = error.what();
-    }
-    (void)!::write(fds[1], answer.data(), answer.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string answer;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) answer.append(buffer, n);
-  ::close(fds[0]);
-  ::waitpid(child, nullptr, 0);
-  return answer;
-}
-
 // What this machine and build offer, said on stdout.
 Offer probe(const Arguments& args) {
   Offer offer;
   offer.onlyTransport = args.transport;
   offer.onlyFault = args.fault;
   std::map<Transport, std::string> why;
-  why[Transport::Ucx] = askInChild([] { return detail::transportStatus("ucx"); });
-  why[Transport::Ibverbs] = askInChild([] {
+  why[Transport::Ucx] = braid::testing::askInChild([] { return detail::transportStatus("ucx"); });
+  why[Transport::Ibverbs] = braid::testing::askInChild([] {
     ::setenv("BRAID_IB_FAKE", "chaos", 1);
     return detail::transportStatus("ibverbs");
   });
