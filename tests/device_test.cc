@@ -403,6 +403,38 @@ TEST_P(DeviceTest, AGroupOfACollectiveAndSendsMayBeIssuedInAnyOrder) {
       options());
 }
 
+// Grouped collectives whose ranks talk to different peers, one of them
+// spanning several slots (from a trial of the chaos campaign): a rank
+// that must hold back a piece of one where its peer need not does not
+// leave both waiting for each other.
+TEST_P(DeviceTest, GroupedCollectivesOnDifferentPeersDoNotDeadlockAt5Ranks) {
+  ::setenv("BRAID_TIMEOUT", "20", 1);
+  runRanks(
+      5,
+      [](Communicator& comm) {
+        TestStream stream(deviceOf(comm));
+        const std::vector<Case> cases = {
+            {Coll::ReduceScatter, DataType::Int32, ReduceOp::Min, 26, true, 0},
+            {Coll::Broadcast, DataType::Float32, ReduceOp::Sum, 51970, true, 4},
+            {Coll::AllReduce, DataType::Float32, ReduceOp::Min, 360, true, 0},
+            {Coll::Reduce, DataType::BFloat16, ReduceOp::Max, 173533, false, 3},
+            {Coll::AllGather, DataType::Int64, ReduceOp::Sum, 2094, true, 0}};
+        std::vector<std::unique_ptr<IssuedCase>> issued;
+        comm.groupStart();
+        uint64_t seed = 0;
+        for (const Case& c : cases)
+          issued.push_back(std::make_unique<IssuedCase>(comm, stream, c, ++seed));
+        comm.groupEnd();
+        stream.synchronize();
+        for (auto& one : issued) {
+          const std::string problem = one->check();
+          require(problem.empty(), problem);
+        }
+      },
+      options());
+  ::unsetenv("BRAID_TIMEOUT");
+}
+
 // ---- Stream semantics.
 
 // The call only enqueues: with the stream held, the op has not run; once

@@ -306,18 +306,13 @@ void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle
   const size_t collectives = static_cast<size_t>(
       std::find_if(lanes, lanes + count, [](const DeviceLane& l) { return l.pointToPoint; }) -
       lanes);
-  // A direct plan (rounds of Signals to and from every peer) goes alone,
-  // between the collectives before it and those after, lowered in turns.
-  auto isDirect = [](const DeviceLane& lane) { return lane.plan->mapped; };
-  for (size_t first = 0; first < collectives;) {
-    size_t end = first;
-    if (isDirect(lanes[first]))
-      ++end;
-    else
-      while (end < collectives && !isDirect(lanes[end])) ++end;
-    lowerInTurns(lanes + first, end - first, stream, nullptr);
-    first = end;
-  }
+  // The collectives go one after another, each whole before the next, as
+  // if issued alone. Interleaving their pieces cannot win anything on one
+  // stream, and it can deadlock: where one rank must hold back a piece (its
+  // step also uses a direction another lane holds) and its peer need not,
+  // their k-th messages on a connection fall in different rounds, and two
+  // streams can each wait for a message the other lowered after its wait.
+  for (size_t i = 0; i < collectives; ++i) lowerInTurns(lanes + i, 1, stream, nullptr);
   const bool sendsApart =
       count - collectives > 1 && std::any_of(lanes + collectives, lanes + count, [](auto& l) {
         return !l.plan->steps.empty() && l.plan->steps[0].kind == StepKind::Send;

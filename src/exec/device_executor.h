@@ -13,12 +13,12 @@
 // Ops of one communicator run one after another on the device, whatever
 // streams they were issued on: an op issued on another stream than the
 // previous one first waits for it (an event). In a group, the collectives
-// come first (every rank issues them in the same order), lowered piece by
-// piece in turns, each connection direction used by one lane at a time in
-// issue order; then the sends and receives, in turns too, the sends on a
-// stream of the executor's own that forks from the caller's stream and
-// joins it again. A send then waits only for credit and a receive only for
-// data, so grouped sends and receives in any order cannot deadlock.
+// come first (every rank issues them in the same order), each lowered
+// whole before the next, as if issued alone; then the sends and receives,
+// piece by piece in turns (lanes.h), the sends on a stream of the
+// executor's own that forks from the caller's stream and joins it again.
+// A send then waits only for credit and a receive only for data, so
+// grouped sends and receives in any order cannot deadlock.
 //
 // A mapped plan's direct steps (algorithms/plan.h) are kernels too: an
 // n-input reduction over every rank's buffer, or a copy into or out of a
@@ -158,8 +158,9 @@ class DeviceExecutor {
 
   // ---- Lowering (device_executor.cc): the issuing thread, mutex_ held.
   void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op);
-  // Lowers `lanes` in turns; the sends of point-to-point lanes go to
-  // `sends` (the caller's stream when null).
+  // Lowers `lanes` (one collective, or a group's sends and receives) in
+  // turns; the sends of point-to-point lanes go to `sends` (the caller's
+  // stream when null).
   void lowerInTurns(DeviceLane* lanes, size_t count, device::StreamHandle stream,
                     device::StreamHandle sends);
   void lowerPiece(DeviceLane& lane, device::StreamHandle stream);

@@ -72,12 +72,16 @@ size_t scratchOf(const AnyLane& lane, size_t alignment) {
 // op as its peer's k-th.
 //
 // Rounds, for an executor that moves one piece of a lane at a time through
-// a loop over the lanes (the device executor lowering a group): between
-// nextRound() calls, mayRunThisRound() lets each direction carry one piece
-// at most, which ran() records. That keeps every rank's k-th message on a
-// direction in round k, so a send's credit never waits for a receive of its
-// own round. The host executor, which runs each lane as far as its
-// connections let it, asks mayRun() alone.
+// a loop over the lanes (the device executor lowering a group's sends and
+// receives): between nextRound() calls, mayRunThisRound() lets each
+// direction carry one piece at most, which ran() records. Where each lane
+// uses one direction, as a send or a receive does, that keeps every rank's
+// k-th message on a direction in round k, so a send's credit never waits
+// for a receive of its own round. (Not so for collectives, whose steps may
+// use two directions: one rank may have to hold a piece back a round where
+// its peer need not; the device executor lowers them one at a time.) The
+// host executor, which runs each lane as far as its connections let it,
+// asks mayRun() alone.
 //
 // `lanes` (in issue order) outlives this; their `step` is read, never
 // written. Building one allocates; asking does not.
