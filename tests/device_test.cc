@@ -765,6 +765,50 @@ TEST_P(DeviceTest, AMissingRankMakesTheOthersTimeOutNamingIt) {
   ::unsetenv("BRAID_ALGO");
 }
 
+// A rank that stops answering in the middle of an all-reduce, whatever
+// the algorithm: every other rank names it, not a peer that waits for it
+// too and so owes data as well.
+TEST_P(DeviceTest, EverySurvivorNamesTheRankThatStoppedWhateverTheAlgorithm) {
+  constexpr int kRanks = 4;
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  for (const char* algo : {"ring", "tree", "rabenseifner", "recdoubling"})
+    for (int late : {1, kRanks - 1}) {
+      SCOPED_TRACE(format("%s, rank %d late", algo, late));
+      ::setenv("BRAID_ALGO", format("allreduce:%s", algo).c_str(), 1);
+      RunOptions run = options();
+      run.deadline = std::chrono::seconds(30);
+      runRanks(
+          kRanks,
+          [&](Communicator& comm) {
+            const int dev = deviceOf(comm);
+            TestStream stream(dev);
+            const size_t count = (1 << 17) + 5;  // 9 slots
+            DeviceBuffer buffer(dev, count * 4);
+            if (comm.rank() == late) {
+              std::this_thread::sleep_for(milliseconds(3000));
+              return;
+            }
+            try {
+              comm.allReduce(buffer.data(), buffer.data(), count, DataType::Float32, ReduceOp::Sum,
+                             stream.stream())
+                  .wait();
+              throw RankFailure{"the op completed without the late rank"};
+            } catch (const Error& error) {
+              const std::string what = error.what();
+              const std::regex names(
+                  format("rank %d stopped answering|from rank %d \\(|for rank %d to take data",
+                         late, late, late));
+              require(std::regex_search(what, names),
+                      "the error does not name the late rank: " + what);
+            }
+            stream.synchronize();
+          },
+          run);
+    }
+  ::unsetenv("BRAID_TIMEOUT");
+  ::unsetenv("BRAID_ALGO");
+}
+
 // abort() from another thread fails an op that waits for a peer that is
 // not coming, and the stream runs on; the late peer then fails naming the
 // rank that gave up.

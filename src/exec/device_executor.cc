@@ -261,13 +261,11 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
       transport::DeviceConnection* c = graphs_.transport->connection(peer);
       if (!c) continue;
       while (c->send.next % graphs_.slots) {
-        pendingFlags_.push_back(FlagOp::wait(c->send.credit, low(c->send.next + 1 - graphs_.slots),
-                                             device::Compare::GreaterOrEqual, sent(peer)));
+        awaitCredit(peer);
         postMessage(peer, lanes[0].tag, 0);
       }
       while (c->recv.next % graphs_.slots) {
-        pendingFlags_.push_back(FlagOp::wait(c->recv.filled, low(c->recv.next + 1),
-                                             device::Compare::GreaterOrEqual, received(peer)));
+        awaitData(peer, lanes[0].tag);
         releaseMessage(peer);
       }
     }
@@ -447,18 +445,13 @@ void DeviceExecutor::lowerPiece(DeviceLane& lane, device::StreamHandle stream) {
   std::byte* outSlot = nullptr;
   // The data has arrived; the peer's slot is free again.
   if (in) {
-    const uint64_t slot = in->next % ch_->slots;
-    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1),
-                                         device::Compare::GreaterOrEqual, received(step.recvPeer)));
-    if (!ch_->received)  // (see enqueueCaptured: no tags in graphs)
-      pendingFlags_.push_back(FlagOp::wait(in->tags + slot, lane.tag, device::Compare::Equal));
-    inSlot = in->slots + slot * ch_->slotBytes;
+    inSlot = in->slots + (in->next % ch_->slots) * ch_->slotBytes;
+    awaitData(step.recvPeer, lane.tag);
     noteReceived(step.recvPeer, in->next, lane.tag);
   }
   if (out) {
-    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - ch_->slots),
-                                         device::Compare::GreaterOrEqual, sent(step.sendPeer)));
     outSlot = out->slots + (out->next % ch_->slots) * ch_->slotBytes;
+    awaitCredit(step.sendPeer);
   }
   flushFlags();
   switch (step.kind) {
@@ -510,6 +503,23 @@ void DeviceExecutor::postMessage(int peer, uint32_t tag, size_t bytes) {
   pendingFlags_.push_back(FlagOp::write(out.filled, low(++out.next), sent(peer)));
 }
 
+void DeviceExecutor::awaitData(int peer, uint32_t tag) {
+  const transport::DeviceFifo& in = ch_->transport->connection(peer)->recv;
+  pendingFlags_.push_back(
+      FlagOp::wait(in.filled, low(in.next + 1), device::Compare::GreaterOrEqual, received(peer)));
+  if (!ch_->received)  // (see enqueueCaptured: no tags in graphs)
+    pendingFlags_.push_back(
+        FlagOp::wait(in.tags + in.next % ch_->slots, tag, device::Compare::Equal));
+  lowering_->waits.push_back({peer, true, tag, in.next});
+}
+
+void DeviceExecutor::awaitCredit(int peer) {
+  const transport::DeviceFifo& out = ch_->transport->connection(peer)->send;
+  pendingFlags_.push_back(FlagOp::wait(out.credit, low(out.next + 1 - ch_->slots),
+                                       device::Compare::GreaterOrEqual, sent(peer)));
+  lowering_->waits.push_back({peer, false, 0, out.next});
+}
+
 void DeviceExecutor::noteReceived(int peer, uint64_t message, uint32_t tag) {
   std::vector<Op::Received>& runs = lowering_->received;
   if (!runs.empty() && runs.back().peer == peer && runs.back().tag == tag &&
@@ -531,21 +541,13 @@ void DeviceExecutor::lowerSignals(DeviceLane& lane) {
   // Every message first (a slot of its own, empty, tagged), then every
   // wait for the peers' and the credit back; merged with what is pending.
   for (size_t s = lane.step; s < end; ++s) {
-    const int peer = steps[s].sendPeer;
-    transport::DeviceFifo* out = &ch_->transport->connection(peer)->send;
-    pendingFlags_.push_back(FlagOp::wait(out->credit, low(out->next + 1 - ch_->slots),
-                                         device::Compare::GreaterOrEqual, sent(peer)));
-    postMessage(peer, lane.tag, 0);
+    awaitCredit(steps[s].sendPeer);
+    postMessage(steps[s].sendPeer, lane.tag, 0);
   }
   for (size_t s = lane.step; s < end; ++s) {
     const int peer = steps[s].recvPeer;
-    transport::DeviceFifo* in = &ch_->transport->connection(peer)->recv;
-    pendingFlags_.push_back(FlagOp::wait(in->filled, low(in->next + 1),
-                                         device::Compare::GreaterOrEqual, received(peer)));
-    if (!ch_->received)
-      pendingFlags_.push_back(
-          FlagOp::wait(in->tags + in->next % ch_->slots, lane.tag, device::Compare::Equal));
-    noteReceived(peer, in->next, lane.tag);
+    awaitData(peer, lane.tag);
+    noteReceived(peer, ch_->transport->connection(peer)->recv.next, lane.tag);
     releaseMessage(peer);
   }
   lane.step = end;

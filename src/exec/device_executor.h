@@ -151,6 +151,17 @@ class DeviceExecutor {
       uint32_t tag;
     };
     std::vector<Received> received;
+    // The waits its pieces were lowered with, in stream order: for the
+    // next message from `peer` (number `message`, tagged `tag`) to arrive,
+    // or for the peer to free a slot for the next one to it. The first that
+    // does not hold is what the stream is stuck at (checkDeadline).
+    struct Wait {
+      int peer;
+      bool data;
+      uint32_t tag;
+      uint64_t message;
+    };
+    std::vector<Wait> waits;
     Done done;
     std::optional<Clock::time_point> startedAt;   // when the watchdog saw `begin` complete
     std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
@@ -171,6 +182,11 @@ class DeviceExecutor {
   // of the op tagged `tag`), once the work before them ran; and those that
   // give the next message from `peer` back.
   void postMessage(int peer, uint32_t tag, size_t bytes);
+  // The flag waits before a piece that takes the next message from `peer`
+  // (tagged `tag`: of the lane's op), or that sends it the next one (a
+  // slot free at the peer); noted in the op being lowered.
+  void awaitData(int peer, uint32_t tag);
+  void awaitCredit(int peer);
   void releaseMessage(int peer);
   // The op being lowered receives message number `message` from `peer`,
   // tagged `tag`: it extends the last run of its received messages, or

@@ -101,51 +101,47 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     head.startedAt = now;
   }
   if (now - *head.startedAt < timeout_) return std::nullopt;
-  // Whom the stream waits for: the first peer whose data has not all come,
-  // else the first that has not taken all this rank sent.
+  // Whom the stream waits for: its first wait that does not hold, in the
+  // order they were lowered (a peer that is itself stuck may owe data too,
+  // yet that is not what holds this rank).
   int peer = -1;
   std::string where = "waiting on the device";
-  for (int pass = 0; pass < 2 && peer < 0; ++pass)
-    for (const Op::Target& target : head.targets) {
-      const transport::DeviceConnection* c = transport_->connection(target.peer);
-      if (target.peer == rank_) continue;
-      if (pass == 0) {
-        const uint32_t filled = device_.readFlagNow(c->recv.filled);
-        const auto missing = static_cast<int32_t>(low(target.received) - filled);
-        if (missing > 0) {
-          peer = target.peer;
-          where =
-              format("waiting for data from rank %d (%d messages still to come)", peer, missing);
-          break;
-        }
-      } else {
-        const uint32_t credit = device_.readFlagNow(c->send.credit);
-        const auto unread = static_cast<int32_t>(low(target.sent) - credit);
-        if (unread > static_cast<int32_t>(slots_)) {
-          peer = target.peer;
-          where = format("waiting for rank %d to take data", peer);
-          break;
-        }
-      }
+  for (const Op::Wait& wait : head.waits) {
+    const transport::DeviceConnection* c = transport_->connection(wait.peer);
+    if (wait.peer == rank_) continue;
+    if (!wait.data) {
+      const auto unread =
+          static_cast<int32_t>(low(wait.message) - device_.readFlagNow(c->send.credit));
+      if (unread < static_cast<int32_t>(slots_)) continue;
+      peer = wait.peer;
+      where = format("waiting for rank %d to take data", peer);
+      break;
     }
-  // Nothing missing, yet stuck: a peer's next message belongs to another
-  // op (the ranks did not issue the same operations).
-  if (peer < 0)
-    for (const Op::Target& target : head.targets) {
-      const transport::DeviceConnection* c = transport_->connection(target.peer);
-      const uint32_t consumed = device_.readFlagNow(c->recv.credit);
-      const uint32_t filled = device_.readFlagNow(c->recv.filled);
-      if (static_cast<int32_t>(filled - consumed) <= 0) continue;
-      const uint32_t tag = device_.readFlagNow(c->recv.tags + consumed % slots_);
-      if (std::find(head.tags.begin(), head.tags.end(), tag) != head.tags.end()) continue;
-      if (!head.graceUntil) head.graceUntil = now;  // no peer to hear from: fail now
-      *blamed = target.peer;
-      return Error(ErrorCode::Internal,
-                   format("braid rank %d: %s on the device: peer %d sent a message of another "
-                          "operation (tag %08x): the ranks did not issue the same operations, or "
-                          "grouped them differently",
-                          rank_, head.info.describe().c_str(), target.peer, tag));
+    // Taken already (the stream is past it), or here and of its op.
+    const uint32_t consumed = device_.readFlagNow(c->recv.credit);
+    if (static_cast<int32_t>(consumed - low(wait.message)) > 0) continue;
+    const uint32_t filled = device_.readFlagNow(c->recv.filled);
+    if (static_cast<int32_t>(filled - low(wait.message)) <= 0) {
+      peer = wait.peer;
+      const Op::Target* target = nullptr;
+      for (const Op::Target& t : head.targets)
+        if (t.peer == peer) target = &t;
+      where = format("waiting for data from rank %d (%d messages still to come)", peer,
+                     static_cast<int32_t>(low(target->received) - filled));
+      break;
     }
+    const uint32_t tag = device_.readFlagNow(c->recv.tags + wait.message % slots_);
+    if (tag == wait.tag) continue;
+    // Nothing missing, yet stuck: the peer's next message belongs to
+    // another op (the ranks did not issue the same operations).
+    if (!head.graceUntil) head.graceUntil = now;  // no peer to hear from: fail now
+    *blamed = wait.peer;
+    return Error(ErrorCode::Internal,
+                 format("braid rank %d: %s on the device: peer %d sent a message of another "
+                        "operation (tag %08x): the ranks did not issue the same operations, or "
+                        "grouped them differently",
+                        rank_, head.info.describe().c_str(), wait.peer, tag));
+  }
   int culprit = peer;
   if (peer >= 0) {
     const int further = transport_->peerWaitsFor(peer);
