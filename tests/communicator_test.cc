@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -928,17 +929,49 @@ TEST(PeerFailure, AbortFromAnotherThreadUnblocksAWaitingOpWithinASecond) {
   });
 }
 
-// Threads and file descriptors of this process.
-std::pair<size_t, size_t> threadsAndFds() {
-  auto count = [](const char* path) {
-    size_t n = 0;
+// Threads of this process, and its file descriptors with what each is
+// open on (so that a difference says which).
+struct ThreadsAndFds {
+  size_t threads = 0;
+  std::map<int, std::string> fds;
+};
+ThreadsAndFds threadsAndFds() {
+  auto names = [](const char* path) {
+    std::vector<std::string> all;
     if (DIR* dir = ::opendir(path)) {
-      while (dirent* entry = ::readdir(dir)) n += entry->d_name[0] != '.';
+      while (dirent* entry = ::readdir(dir))
+        if (entry->d_name[0] != '.') all.push_back(entry->d_name);
       ::closedir(dir);
     }
-    return n;
+    return all;
   };
-  return {count("/proc/self/task"), count("/proc/self/fd")};
+  ThreadsAndFds now;
+  now.threads = names("/proc/self/task").size();
+  for (const std::string& fd : names("/proc/self/fd")) {
+    char target[256] = {};
+    const ssize_t n = ::readlink(("/proc/self/fd/" + fd).c_str(), target, sizeof target - 1);
+    now.fds[std::stoi(fd)] = n > 0 ? std::string(target, static_cast<size_t>(n)) : "?";
+  }
+  return now;
+}
+
+// "fd 7 (socket:[123]) closed, fd 9 (anon_inode:[eventfd]) opened"
+std::string fdChanges(const std::map<int, std::string>& before,
+                      const std::map<int, std::string>& after) {
+  std::string changes;
+  auto note = [&](int fd, const std::string& what, const char* how) {
+    changes += format("%sfd %d (%s) %s", changes.empty() ? "" : ", ", fd, what.c_str(), how);
+  };
+  for (const auto& [fd, what] : before) {
+    const auto now = after.find(fd);
+    if (now == after.end())
+      note(fd, what, "closed");
+    else if (now->second != what)
+      note(fd, what + " -> " + now->second, "reopened");
+  }
+  for (const auto& [fd, what] : after)
+    if (!before.count(fd)) note(fd, what, "opened");
+  return changes;
 }
 
 // A communicator destroyed after a failure leaves no thread, file descriptor
@@ -950,7 +983,7 @@ std::pair<size_t, size_t> threadsAndFds() {
 // life.)
 TEST(PeerFailure, DestroyingAFailedCommunicatorLeavesNothingBehind) {
   runRanks(3, [](Communicator& base) {
-    std::pair<size_t, size_t> afterFirst{};
+    ThreadsAndFds afterFirst;
     for (int round = 0; round < 3; ++round) {
       {
         Communicator comm = base.split(0, base.rank());
@@ -972,11 +1005,12 @@ TEST(PeerFailure, DestroyingAFailedCommunicatorLeavesNothingBehind) {
         require(segmentsOf(comm).empty(), "a segment is left in /dev/shm");
       }
       base.barrier();  // every rank destroyed its communicator
-      const auto counts = threadsAndFds();
-      if (round == 0) afterFirst = counts;
-      require(counts == afterFirst,
-              format("round %d: %zu threads and %zu fds, after the first round %zu and %zu", round,
-                     counts.first, counts.second, afterFirst.first, afterFirst.second));
+      const ThreadsAndFds now = threadsAndFds();
+      if (round == 0) afterFirst = now;
+      require(now.threads == afterFirst.threads && now.fds.size() == afterFirst.fds.size(),
+              format("round %d: %zu threads and %zu fds, after the first round %zu and %zu (%s)",
+                     round, now.threads, now.fds.size(), afterFirst.threads, afterFirst.fds.size(),
+                     fdChanges(afterFirst.fds, now.fds).c_str()));
     }
   });
 }
