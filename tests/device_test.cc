@@ -809,6 +809,52 @@ TEST_P(DeviceTest, EverySurvivorNamesTheRankThatStoppedWhateverTheAlgorithm) {
   ::unsetenv("BRAID_ALGO");
 }
 
+// A failure seen only on the device path (rank 1's receive from a silent
+// rank 2 times out) reaches a peer that waits for rank 1 on host buffers
+// once rank 1 destroys its communicator: the peer fails naming rank 2, not
+// rank 1 as if it had left cleanly.
+TEST_P(DeviceTest, AFailureOnTheDevicePathReachesPeersWaitingOnHostBuffers) {
+  ::setenv("BRAID_TIMEOUT", "1", 1);
+  RunOptions run = options();
+  run.deadline = std::chrono::seconds(30);
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        if (comm.rank() == 2) {  // silent
+          std::this_thread::sleep_for(milliseconds(4000));
+          return;
+        }
+        if (comm.rank() == 1) {
+          DeviceBuffer buffer(dev, 4096);
+          try {
+            comm.recv(buffer.data(), 1024, DataType::Int32, 2, stream.stream()).wait();
+            throw RankFailure{"the device receive completed"};
+          } catch (const Error& error) {
+            require(error.code() == ErrorCode::Timeout &&
+                        std::string(error.what()).find("rank 2") != std::string::npos,
+                    std::string("expected a Timeout naming rank 2: ") + error.what());
+          }
+          stream.synchronize();
+          return;  // destroys the communicator: no host op saw the failure
+        }
+        // Rank 0 waits for rank 1 on host buffers, its deadline well after
+        // rank 1's failure.
+        std::this_thread::sleep_for(milliseconds(1000));
+        std::vector<int32_t> data(16);
+        try {
+          comm.recv(data.data(), data.size(), DataType::Int32, 1);
+          throw RankFailure{"the receive completed"};
+        } catch (const Error& error) {
+          require(std::string(error.what()).find("rank 2") != std::string::npos,
+                  std::string("the error does not name rank 2: ") + error.what());
+        }
+      },
+      run);
+  ::unsetenv("BRAID_TIMEOUT");
+}
+
 // abort() from another thread fails an op that waits for a peer that is
 // not coming, and the stream runs on; the late peer then fails naming the
 // rank that gave up.

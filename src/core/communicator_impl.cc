@@ -123,6 +123,10 @@ Communicator::Impl::~Impl() {
   }
   queueChanged.notify_all();
   if (progressThread.joinable()) progressThread.join();
+  // A failure no host op saw (the device path's) still reaches the peers
+  // over the host connections, naming whom it blames, rather than a
+  // goodbye that reads as a clean leave.
+  if (failed.load(std::memory_order_acquire) && !gaveUp) giveUp(-1);
 }
 
 void Communicator::Impl::setUpDevice() {
@@ -178,7 +182,9 @@ void Communicator::Impl::setUpDevice() {
     reach += format("%s%d over %s", reach.empty() ? "" : ", ", count, way.c_str());
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
-      [this](const Error& error) { recordFailure(error); });
+      [this](const Error& error, int blamed, bool timedOut) {
+        recordFailure(error, blamed, timedOut);
+      });
   // The FIFOs of ops captured into CUDA graphs, made now, with every rank
   // (at a capture some ranks may capture nothing).
   if (!knobs.deviceGraphs) {
@@ -205,17 +211,26 @@ void Communicator::Impl::throwIfFailed() const {
                                         failure->what()));
 }
 
-void Communicator::Impl::recordFailure(const Error& error) {
+void Communicator::Impl::recordFailure(const Error& error, int blamed, bool timedOut) {
   std::lock_guard<std::mutex> lock(failureMutex);
-  if (!failure) failure = error;
+  if (!failure) {
+    failure = error;
+    failureBlames = blamed;
+    failureTimedOut = timedOut;
+  }
   failed.store(true, std::memory_order_release);
 }
 
 void Communicator::Impl::giveUp(int blamed) {
   if (gaveUp) return;
   gaveUp = true;
-  for (auto& transport : wiring.transports)
-    transport->announceFailure(blamed, executor->blamedTimedOut());
+  bool timedOut = executor->blamedTimedOut();
+  if (blamed < 0) {  // the failure came from elsewhere first (the device path)
+    std::lock_guard<std::mutex> lock(failureMutex);
+    blamed = failureBlames;
+    timedOut = failureTimedOut;
+  }
+  for (auto& transport : wiring.transports) transport->announceFailure(blamed, timedOut);
 }
 
 void Communicator::Impl::dropGroup(const Error& error) {

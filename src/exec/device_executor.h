@@ -86,8 +86,10 @@ class DeviceExecutor {
   // else its error (each Work makes its own copy: no exception object is
   // shared between threads).
   using Done = std::function<void(const Error*)>;
-  // Called once, from the thread that first saw it, with the sticky error.
-  using OnFailure = std::function<void(const Error&)>;
+  // Called once, from the thread that first saw it, with the sticky error
+  // and whom it blames (-1: nobody; `timedOut`: a peer that stopped
+  // answering rather than one that failed).
+  using OnFailure = std::function<void(const Error&, int blamed, bool timedOut)>;
 
   DeviceExecutor(device::Device& device, std::unique_ptr<transport::DeviceTransport> transport,
                  int rank, int nranks, int deviceIndex, std::chrono::milliseconds timeout,

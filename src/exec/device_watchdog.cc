@@ -200,7 +200,7 @@ void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
   BRAID_WARN(Exec, "%s", error.what());
   // Peers hear it before this rank's streams move again (see watch()).
   transport_->announceFailure(blamed, timedOut);
-  onFailure_(error);
+  onFailure_(error, blamed, timedOut);
 }
 
 void DeviceExecutor::watch() {
