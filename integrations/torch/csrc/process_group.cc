@@ -235,15 +235,23 @@ class Checks {
         return r;
       case c10d::ReduceOp::PREMUL_SUM: {
         if (!isFloat) break;
+#if TORCH_VERSION_MAJOR >= 2
+        const auto* factor =
+            dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+        const at::Tensor* tensor =
+            factor && factor->tensor_factor.defined() ? &factor->tensor_factor : nullptr;
+#else
         const auto* factor =
             dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
+        const at::Tensor* tensor =
+            factor && !factor->tensor_factors.empty() ? &factor->tensor_factors[0] : nullptr;
+#endif
         if (!factor) refuse("ReduceOp.PREMUL_SUM without its factor");
-        if (factor->tensor_factors.empty()) {
+        if (!tensor) {
           r.factor = factor->double_factor;
         } else {
-          const at::Tensor& f = factor->tensor_factors[0];
-          if (f.numel() != 1) refuse("PREMUL_SUM's factor tensor must hold one element");
-          r.factor = f.to(at::kCPU, at::kDouble).item<double>();
+          if (tensor->numel() != 1) refuse("PREMUL_SUM's factor tensor must hold one element");
+          r.factor = tensor->to(at::kCPU, at::kDouble).item<double>();
         }
         r.op = ReduceOp::Sum;
         return r;
@@ -420,9 +428,13 @@ void Calls::stop() {
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout)
     : BackendBase(rank, size),
+#if TORCH_VERSION_MAJOR >= 2
+      options_(c10::make_intrusive<Options>("braid", timeout)),
+#endif
       comm_(meet(store, rank, size, timeout)),
       calls_(std::make_shared<Calls>()),
-      runner_([calls = calls_] { calls->serve(); }) {}
+      runner_([calls = calls_] { calls->serve(); }) {
+}
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();

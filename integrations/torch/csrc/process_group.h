@@ -125,6 +125,11 @@ class ProcessGroupBraid : public BackendBase {
   ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
+#if TORCH_VERSION_MAJOR >= 2
+  // The name and timeout torch made the group with (its flight recorder
+  // and split_group read them).
+  c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
+#endif
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -170,6 +175,9 @@ class ProcessGroupBraid : public BackendBase {
   c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, std::vector<at::Tensor> outputs,
                                       std::function<void()> run, std::function<void()> finish = {});
 
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<Options> options_;
+#endif
   braid::Communicator comm_;
   std::shared_ptr<Calls> calls_;
   std::thread runner_;
