@@ -11,7 +11,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*private function.*")
 
-from harness import check, main, ranks_from_argv
+from harness import check, main, ranks_from_argv, torch_major
 
 INTS = ["int8", "uint8", "int32", "int64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -160,10 +160,12 @@ def test_premul_sum(rank, size, gloo):
     for name in FLOATS:
         dtype = dtype_of(name)
         inputs = [values(r, 501, dtype, 77) for r in range(size)]
-        for factor in (0.5, [torch.tensor([0.25], dtype=torch.float64)]):
+        # The factor as a number, and as a tensor (torch 1.x takes it in a list).
+        tensor = torch.tensor([0.25], dtype=torch.float64)
+        for factor in (0.5, tensor if torch_major() >= 2 else [tensor]):
             t = inputs[rank].clone()
             dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
-            scale = factor if isinstance(factor, float) else factor[0].item()
+            scale = factor if isinstance(factor, float) else tensor.item()
             scaled = [(x.double() * scale).to(dtype) for x in inputs]
 
             def gloo_sum():
