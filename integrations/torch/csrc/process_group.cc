@@ -368,6 +368,7 @@ bool Calls::runNext(bool ownThread) {
   }
   call.run = nullptr;  // drops the tensors the closures kept alive
   call.finish = nullptr;
+  for (const auto& member : call.members) member->complete(error);
   call.work->complete(error);
   return true;
 }
@@ -446,9 +447,121 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
                                                        std::function<void()> run,
                                                        std::function<void()> finish) {
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
-  calls_->push({work, std::move(run), std::move(finish)});
+  if (coalescing_)
+    batch_.push_back({work, std::move(run), std::move(finish)});
+  else
+    calls_->push({work, std::move(run), std::move(finish)});
   return work;
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+void ProcessGroupBraid::startCoalescing() {
+  if (coalescing_)
+    throw Error(ErrorCode::InvalidUsage,
+                "braid rank " + std::to_string(rank_) +
+                    ": startCoalescing: this group is coalescing already (endCoalescing first)");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
+  if (!coalescing_)
+    throw Error(ErrorCode::InvalidUsage,
+                "braid rank " + std::to_string(rank_) + ": endCoalescing without startCoalescing");
+  coalescing_ = false;
+  std::vector<Calls::Call> calls = std::move(batch_);
+  batch_.clear();
+  std::vector<at::Tensor> outputs;
+  std::vector<c10::intrusive_ptr<BraidWork>> members;
+  for (const Calls::Call& call : calls) {
+    for (const at::Tensor& t : call.work->result()) outputs.push_back(t);
+    members.push_back(call.work);
+  }
+  auto work =
+      c10::make_intrusive<BraidWork>(rank_, c10d::OpType::COALESCED, std::move(outputs), calls_);
+  auto shared = std::make_shared<std::vector<Calls::Call>>(std::move(calls));
+  Calls::Call batch{work,
+                    [this, shared] {
+                      const Grouped group(comm_);
+                      for (const Calls::Call& call : *shared) call.run();
+                    },
+                    [shared] {
+                      for (const Calls::Call& call : *shared)
+                        if (call.finish) call.finish();
+                    }};
+  batch.members = std::move(members);
+  calls_->push(std::move(batch));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::coalesced(c10d::OpType type,
+                                                            const std::function<void()>& issue) {
+  if (coalescing_) {  // part of the caller's batch: its Work stands for these
+    const size_t first = batch_.size();
+    issue();
+    std::vector<at::Tensor> outputs;
+    for (size_t i = first; i < batch_.size(); ++i)
+      for (const at::Tensor& t : batch_[i].work->result()) outputs.push_back(t);
+    auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
+    if (batch_.size() == first)
+      work->complete("");  // nothing to do
+    else
+      batch_.back().members.push_back(work);
+    return work;
+  }
+  startCoalescing();
+  try {
+    issue();
+  } catch (...) {  // a refused argument: nothing was queued
+    coalescing_ = false;
+    batch_.clear();
+    throw;
+  }
+  return endCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (outputLists.size() != inputs.size())
+    throw Error(ErrorCode::InvalidArgument,
+                "braid rank " + std::to_string(rank_) +
+                    ": allgather_coalesced: one list of outputs per input tensor, not " +
+                    std::to_string(outputLists.size()) + " for " + std::to_string(inputs.size()));
+  return coalesced(c10d::OpType::ALLGATHER_COALESCED, [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> outs{outputLists[i]};
+      std::vector<at::Tensor> in{inputs[i]};
+      allgather(outs, in, opts);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size())
+    throw Error(ErrorCode::InvalidArgument,
+                "braid rank " + std::to_string(rank_) +
+                    ": allgather_into_tensor_coalesced: one output per input tensor, not " +
+                    std::to_string(outputs.size()) + " for " + std::to_string(inputs.size()));
+  return coalesced(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size())
+    throw Error(ErrorCode::InvalidArgument,
+                "braid rank " + std::to_string(rank_) +
+                    ": reduce_scatter_tensor_coalesced: one output per input tensor, not " +
+                    std::to_string(outputs.size()) + " for " + std::to_string(inputs.size()));
+  return coalesced(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+  });
+}
+#endif
 
 // ---- Collectives.
 

@@ -83,6 +83,8 @@ class Calls {
     std::function<void()> run;     // braid's op(s), blocking
     std::function<void()> finish;  // then: copy staged results back
     Clock::time_point queued{};
+    // Works completed with `work`: those of the calls a coalesced batch holds.
+    std::vector<c10::intrusive_ptr<BraidWork>> members;
   };
 
   void push(Call call);
@@ -168,12 +170,39 @@ class ProcessGroupBraid : public BackendBase {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+#if TORCH_VERSION_MAJOR >= 2
+  // Coalescing (batch_isend_irecv, torch's _coalescing_manager, the
+  // *_coalesced calls): the calls between startCoalescing() and
+  // endCoalescing() run as one braid group, so sends and receives in any
+  // order cannot deadlock; each call's Work completes with the batch's.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+#endif
+
  private:
   // Queues a call: `run` makes braid's blocking call(s) on comm_ (the
   // arguments checked already, captured by value), `finish` copies staged
   // results back.
   c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, std::vector<at::Tensor> outputs,
                                       std::function<void()> run, std::function<void()> finish = {});
+  // Issues the calls `issue` makes as one coalesced batch (inside a batch
+  // the caller opened already: as part of it) and returns its Work.
+  c10::intrusive_ptr<c10d::Work> coalesced(c10d::OpType type, const std::function<void()>& issue);
+
+  // While coalescing: the calls issued so far, not yet queued. Touched
+  // only by the issuing thread.
+  bool coalescing_ = false;
+  std::vector<Calls::Call> batch_;
 
 #if TORCH_VERSION_MAJOR >= 2
   c10::intrusive_ptr<Options> options_;

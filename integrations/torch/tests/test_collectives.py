@@ -190,6 +190,61 @@ def test_coalesced(rank, size, gloo):
         same(t, e, torch.float32, size, f"all_reduce_coalesced tensor {i}")
 
 
+def test_coalescing(rank, size, gloo):
+    """torch 2: batch_isend_irecv, the coalescing manager and the
+    *_coalesced gathers, each against Gloo or the plain call."""
+    import torch
+    import torch.distributed as dist
+
+    if torch_major() < 2:
+        if rank == 0:
+            print("coalescing is skipped: torch 1.x has no backend coalescing")
+        return
+    # Around the ring both ways, the receives posted first, 2^18 floats each
+    # way: more than the connections' slots hold, so it finishes only if
+    # the batch runs as one group.
+    n = (1 << 18) + 3
+    nxt, prev = (rank + 1) % size, (rank - 1) % size
+    mine = values(rank, n, torch.float32, 61)
+    from_prev, from_next = torch.empty(n), torch.empty(n)
+    ops = [dist.P2POp(dist.irecv, from_prev, prev), dist.P2POp(dist.irecv, from_next, nxt),
+           dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.isend, mine, prev)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    same(from_prev, values(prev, n, torch.float32, 61), torch.float32, size, "batch_isend_irecv from the previous rank")
+    same(from_next, values(nxt, n, torch.float32, 61), torch.float32, size, "batch_isend_irecv from the next rank")
+
+    # all_gather_into_tensor and reduce_scatter_tensor, coalesced (FSDP2's calls).
+    sizes = (5, 4099, 0, 70001)
+    ins = [values(rank, k, torch.float32, 62 + k) for k in sizes]
+    outs = [torch.empty(size * k) for k in sizes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for out, inp in zip(outs, ins):
+            dist.all_gather_into_tensor(out, inp)
+    cm.wait()
+    for k, out in zip(sizes, outs):
+        want = torch.cat([values(r, k, torch.float32, 62 + k) for r in range(size)])
+        same(out, want, torch.float32, size, f"coalesced all_gather_into_tensor of {k}")
+    wholes = [values(rank, size * k, torch.float32, 63 + k) for k in sizes]
+    parts = [torch.empty(k) for k in sizes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for part, whole in zip(parts, wholes):
+            dist.reduce_scatter_tensor(part, whole)
+    cm.wait()
+    for k, whole, part in zip(sizes, wholes, parts):
+        want = torch.empty(k)
+        if k:
+            dist.reduce_scatter_tensor(want, whole.clone(), group=gloo)
+        same(part, want, torch.float32, size, f"coalesced reduce_scatter_tensor of {k}")
+
+    # all_gather_coalesced: lists of outputs, one list per input.
+    lists = [[torch.empty(k) for _ in range(size)] for k in sizes]
+    dist.all_gather_coalesced(lists, ins)
+    for k, got in zip(sizes, lists):
+        for r in range(size):
+            same(got[r], values(r, k, torch.float32, 62 + k), torch.float32, size, f"all_gather_coalesced of {k} from rank {r}")
+
+
 def test_data_movement(rank, size, gloo):
     import torch
     import torch.distributed as dist
@@ -369,7 +424,7 @@ def test_new_group(rank, size, gloo):
 
 
 def test_all(rank, size, gloo):
-    for test in (test_reductions, test_premul_sum, test_coalesced, test_data_movement,
+    for test in (test_reductions, test_premul_sum, test_coalesced, test_coalescing, test_data_movement,
                  test_all_to_all, test_point_to_point, test_futures, test_new_group):
         test(rank, size, gloo)
 
