@@ -447,6 +447,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
                                                        std::function<void()> run,
                                                        std::function<void()> finish) {
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
   if (coalescing_)
     batch_.push_back({work, std::move(run), std::move(finish)});
   else

@@ -176,6 +176,9 @@ class ProcessGroupBraid : public BackendBase {
   // endCoalescing() run as one braid group, so sends and receives in any
   // order cannot deadlock; each call's Work completes with the batch's.
   bool supportsCoalescing() const override { return true; }
+  // The collectives issued on this group so far (point-to-point calls not
+  // counted): the same on every rank that issued the same calls.
+  uint64_t getSequenceNumberForGroup() override { return collectives_; }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
@@ -202,6 +205,7 @@ class ProcessGroupBraid : public BackendBase {
   // While coalescing: the calls issued so far, not yet queued. Touched
   // only by the issuing thread.
   bool coalescing_ = false;
+  uint64_t collectives_ = 0;  // issued (getSequenceNumberForGroup)
   std::vector<Calls::Call> batch_;
 
 #if TORCH_VERSION_MAJOR >= 2

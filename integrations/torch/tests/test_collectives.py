@@ -237,6 +237,23 @@ def test_coalescing(rank, size, gloo):
             dist.reduce_scatter_tensor(want, whole.clone(), group=gloo)
         same(part, want, torch.float32, size, f"coalesced reduce_scatter_tensor of {k}")
 
+    # Sequence numbers: every collective counts, point-to-point calls not.
+    world = dist.group.WORLD
+    before = world._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(3))
+    if rank % 2 == 0:
+        dist.send(torch.ones(1), nxt)
+        dist.recv(torch.ones(1), prev)
+    else:
+        dist.recv(torch.ones(1), prev)
+        dist.send(torch.ones(1), nxt)
+    dist.barrier()
+    after = world._get_sequence_number_for_group()
+    check(after == before + 2, f"the sequence number went from {before} to {after}, not up by 2")
+    numbers = [None] * size
+    dist.all_gather_object(numbers, after, group=gloo)
+    check(len(set(numbers)) == 1, f"the ranks' sequence numbers differ: {numbers}")
+
     # all_gather_coalesced: lists of outputs, one list per input.
     lists = [[torch.empty(k) for _ in range(size)] for k in sizes]
     dist.all_gather_coalesced(lists, ins)
