@@ -439,13 +439,24 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();
-  runner_.join();  // after every issued call ran (or failed)
+  if (runner_.joinable()) runner_.join();  // after every issued call ran (or failed)
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+void ProcessGroupBraid::shutdown() {
+  shutDown_ = true;
+  calls_->stop();
+  if (runner_.joinable()) runner_.join();
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
                                                        std::vector<at::Tensor> outputs,
                                                        std::function<void()> run,
                                                        std::function<void()> finish) {
+  if (shutDown_)
+    throw Error(ErrorCode::InvalidUsage,
+                "braid rank " + std::to_string(rank_) + ": the process group was shut down");
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
   if (coalescing_)

@@ -179,6 +179,12 @@ class ProcessGroupBraid : public BackendBase {
   // The collectives issued on this group so far (point-to-point calls not
   // counted): the same on every rank that issued the same calls.
   uint64_t getSequenceNumberForGroup() override { return collectives_; }
+  // Fails the call running and every queued one with braid's Aborted
+  // (torch.distributed's _abort_process_group); the group is done.
+  void abort() override { comm_.abort(); }
+  // Runs what was issued to its end (each call ends, or fails at braid's
+  // timeout), then stops the group's thread.
+  void shutdown() override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
@@ -206,6 +212,7 @@ class ProcessGroupBraid : public BackendBase {
   // only by the issuing thread.
   bool coalescing_ = false;
   uint64_t collectives_ = 0;  // issued (getSequenceNumberForGroup)
+  bool shutDown_ = false;     // shutdown() ran: no more calls
   std::vector<Calls::Call> batch_;
 
 #if TORCH_VERSION_MAJOR >= 2

@@ -29,7 +29,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, size, port, body, failures, timeout_s):
+def _rank_main(rank, size, port, body, failures, timeout_s, finish):
     import datetime
 
     import faulthandler
@@ -50,14 +50,17 @@ def _rank_main(rank, size, port, body, failures, timeout_s):
         )
         gloo = dist.new_group(backend="gloo")
         body(rank, size, gloo)
-        dist.barrier()
-        dist.destroy_process_group()
+        if finish:
+            dist.barrier()
+            dist.destroy_process_group()
     except BaseException:  # noqa: B902  (a rank reports whatever stopped it)
         failures[rank] = traceback.format_exc()
         raise SystemExit(1)
 
 
-def main(body, nranks, timeout_s=60):
+def main(body, nranks, timeout_s=60, finish=True):
+    """`finish`: after the body, a barrier and destroy_process_group() (a
+    body that tears the group down itself passes False)."""
     why = _importable()
     if why:
         print(f"skipped: cannot import torch and braid_torch with {sys.executable}: {why}")
@@ -68,7 +71,7 @@ def main(body, nranks, timeout_s=60):
     try:
         mp.spawn(
             _rank_main,
-            args=(nranks, free_port(), body, failures, timeout_s),
+            args=(nranks, free_port(), body, failures, timeout_s, finish),
             nprocs=nranks,
             join=True,
         )
