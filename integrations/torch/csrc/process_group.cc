@@ -168,6 +168,12 @@ class Checks {
 
   DataType type(const at::Tensor& t) const { return *braidType(t.scalar_type()); }
 
+  // A coalesced call's lists: one output (list) per input tensor.
+  void onePerInput(size_t outputs, size_t inputs, const char* output) const {
+    if (outputs != inputs)
+      refuse(format("one %s per input tensor, not %zu for %zu", output, outputs, inputs));
+  }
+
   void sameLayout(const at::Tensor& t, const at::Tensor& like, const std::string& what) const {
     tensor(t, what);
     if (t.scalar_type() != like.scalar_type())
@@ -459,10 +465,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
                 "braid rank " + std::to_string(rank_) + ": the process group was shut down");
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
+  Calls::Call call{work, std::move(run), std::move(finish), {}, {}};
   if (coalescing_)
-    batch_.push_back({work, std::move(run), std::move(finish)});
+    batch_.push_back(std::move(call));
   else
-    calls_->push({work, std::move(run), std::move(finish)});
+    calls_->push(std::move(call));
   return work;
 }
 
@@ -492,15 +499,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
       c10::make_intrusive<BraidWork>(rank_, c10d::OpType::COALESCED, std::move(outputs), calls_);
   auto shared = std::make_shared<std::vector<Calls::Call>>(std::move(calls));
   Calls::Call batch{work,
-                    [this, shared] {
-                      const Grouped group(comm_);
+                    [&comm = comm_, shared] {
+                      const Grouped group(comm);
                       for (const Calls::Call& call : *shared) call.run();
                     },
                     [shared] {
                       for (const Calls::Call& call : *shared)
                         if (call.finish) call.finish();
-                    }};
-  batch.members = std::move(members);
+                    },
+                    {},
+                    std::move(members)};
   calls_->push(std::move(batch));
   return work;
 }
@@ -534,11 +542,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::coalesced(c10d::OpType type,
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (outputLists.size() != inputs.size())
-    throw Error(ErrorCode::InvalidArgument,
-                "braid rank " + std::to_string(rank_) +
-                    ": allgather_coalesced: one list of outputs per input tensor, not " +
-                    std::to_string(outputLists.size()) + " for " + std::to_string(inputs.size()));
+  Checks(rank_, size_, "allgather_coalesced")
+      .onePerInput(outputLists.size(), inputs.size(), "list of outputs");
   return coalesced(c10d::OpType::ALLGATHER_COALESCED, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::vector<std::vector<at::Tensor>> outs{outputLists[i]};
@@ -551,11 +556,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size())
-    throw Error(ErrorCode::InvalidArgument,
-                "braid rank " + std::to_string(rank_) +
-                    ": allgather_into_tensor_coalesced: one output per input tensor, not " +
-                    std::to_string(outputs.size()) + " for " + std::to_string(inputs.size()));
+  Checks(rank_, size_, "allgather_into_tensor_coalesced")
+      .onePerInput(outputs.size(), inputs.size(), "output");
   return coalesced(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
   });
@@ -564,11 +566,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size())
-    throw Error(ErrorCode::InvalidArgument,
-                "braid rank " + std::to_string(rank_) +
-                    ": reduce_scatter_tensor_coalesced: one output per input tensor, not " +
-                    std::to_string(outputs.size()) + " for " + std::to_string(inputs.size()));
+  Checks(rank_, size_, "reduce_scatter_tensor_coalesced")
+      .onePerInput(outputs.size(), inputs.size(), "output");
   return coalesced(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
   });
@@ -585,9 +584,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   const Flat f = flat(t);
   return post(
       c10d::OpType::BROADCAST, {t},
-      [=] {
-        comm_.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
-                        static_cast<int>(opts.rootRank));
+      [=, &comm = comm_] {
+        comm.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
+                       static_cast<int>(opts.rootRank));
       },
       [f] { f.copyBack(); });
 }
@@ -600,7 +599,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   const Flat f = check.reducible(t, r);
   return post(
       c10d::OpType::ALLREDUCE, {t},
-      [=] { comm_.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op); },
+      [=, &comm = comm_] { comm.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op); },
       [f] { f.copyBack(); });
 }
 
@@ -616,11 +615,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
   }
   return post(
       c10d::OpType::ALLREDUCE_COALESCED, tensors,
-      [=] {
-        const Grouped group(comm_);
+      [=, &comm = comm_] {
+        const Grouped group(comm);
         for (size_t i = 0; i < flats.size(); ++i)
-          comm_.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
-                          check.type(flats[i].user), reductions[i].op);
+          comm.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
+                         check.type(flats[i].user), reductions[i].op);
       },
       [flats] {
         for (const Flat& f : flats) f.copyBack();
@@ -637,9 +636,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
   const bool root = opts.rootRank == rank_;
   return post(
       c10d::OpType::REDUCE, {t},
-      [=] {
-        comm_.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
-                     static_cast<int>(opts.rootRank));
+      [=, &comm = comm_] {
+        comm.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
+                    static_cast<int>(opts.rootRank));
       },
       [f, root] {
         if (root) f.copyBack();
@@ -660,7 +659,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
   std::vector<at::Tensor> outs = outputs[0];
   return post(
       c10d::OpType::ALLGATHER, outs,
-      [=] { comm_.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in)); },
+      [=, &comm = comm_] {
+        comm.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in));
+      },
       [f, gathered, outs] {
         const int64_t n = f.data.numel();
         for (size_t r = 0; r < outs.size(); ++r)
@@ -683,7 +684,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
   const Flat in = flat(input), out = flat(output);
   return post(
       c10d::OpType::_ALLGATHER_BASE, {output},
-      [=] { comm_.allGather(in.bytes(), out.bytes(), in.count(), check.type(input)); },
+      [=, &comm = comm_] {
+        comm.allGather(in.bytes(), out.bytes(), in.count(), check.type(input));
+      },
       [in, out] { out.copyBack(); });
 }
 
@@ -698,14 +701,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
   const Flat f = flat(in);
   return post(
       c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
-      [=] {
-        const Grouped group(comm_);
-        if (rank_ != root) {
-          comm_.send(f.bytes(), f.count(), check.type(in), root);
+      [=, &comm = comm_, rank = rank_, nranks = size_] {
+        const Grouped group(comm);
+        if (rank != root) {
+          comm.send(f.bytes(), f.count(), check.type(in), root);
           return;
         }
-        for (int r = 0; r < size_; ++r)
-          if (r != root) comm_.recv(outs[r].bytes(), outs[r].count(), check.type(in), r);
+        for (int r = 0; r < nranks; ++r)
+          if (r != root) comm.recv(outs[r].bytes(), outs[r].count(), check.type(in), r);
       },
       [f, outs, root] {
         if (outs.empty()) return;
@@ -725,14 +728,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
   const Flat f = flat(out);
   return post(
       c10d::OpType::SCATTER, {out},
-      [=] {
-        const Grouped group(comm_);
-        if (rank_ != root) {
-          comm_.recv(f.bytes(), f.count(), check.type(out), root);
+      [=, &comm = comm_, rank = rank_, nranks = size_] {
+        const Grouped group(comm);
+        if (rank != root) {
+          comm.recv(f.bytes(), f.count(), check.type(out), root);
           return;
         }
-        for (int r = 0; r < size_; ++r)
-          if (r != root) comm_.send(ins[r].bytes(), ins[r].count(), check.type(out), r);
+        for (int r = 0; r < nranks; ++r)
+          if (r != root) comm.send(ins[r].bytes(), ins[r].count(), check.type(out), r);
       },
       [f, ins, root] {
         if (!ins.empty()) f.data.copy_(ins[root].data.view(f.data.sizes()));
@@ -757,7 +760,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
   const Flat f = flat(out);
   return post(
       c10d::OpType::REDUCE_SCATTER, {out},
-      [=] { comm_.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op); },
+      [=, &comm = comm_] {
+        comm.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op);
+      },
       [in, f] { f.copyBack(); });
 }
 
@@ -777,7 +782,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
   const Flat in = check.reducible(input, r), out = flat(output);
   return post(
       c10d::OpType::_REDUCE_SCATTER_BASE, {output},
-      [=] { comm_.reduceScatter(in.bytes(), out.bytes(), out.count(), check.type(output), r.op); },
+      [=, &comm = comm_] {
+        comm.reduceScatter(in.bytes(), out.bytes(), out.count(), check.type(output), r.op);
+      },
       [in, out] { out.copyBack(); });
 }
 
@@ -828,14 +835,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
   const int self = rank_;
   return post(
       c10d::OpType::ALLTOALL_BASE, {output},
-      [=] {
-        const Grouped group(comm_);
-        for (int r = 0; r < size_; ++r) {
-          if (r == rank_) continue;
+      [=, &comm = comm_, rank = rank_, nranks = size_] {
+        const Grouped group(comm);
+        for (int r = 0; r < nranks; ++r) {
+          if (r == rank) continue;
           if (sendCounts[r] > 0)
-            comm_.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]), type, r);
+            comm.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]), type, r);
           if (recvCounts[r] > 0)
-            comm_.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]), type, r);
+            comm.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]), type, r);
         }
       },
       [in, out, self, at = sendAt[self], to = recvAt[self], n = sendCounts[self]] {
@@ -863,12 +870,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
   const int self = rank_;
   return post(
       c10d::OpType::ALLTOALL, outputs,
-      [=] {
-        const Grouped group(comm_);
-        for (int r = 0; r < size_; ++r) {
-          if (r == rank_) continue;
-          if (ins[r].count() > 0) comm_.send(ins[r].bytes(), ins[r].count(), type, r);
-          if (outs[r].count() > 0) comm_.recv(outs[r].bytes(), outs[r].count(), type, r);
+      [=, &comm = comm_, rank = rank_, nranks = size_] {
+        const Grouped group(comm);
+        for (int r = 0; r < nranks; ++r) {
+          if (r == rank) continue;
+          if (ins[r].count() > 0) comm.send(ins[r].bytes(), ins[r].count(), type, r);
+          if (outs[r].count() > 0) comm.recv(outs[r].bytes(), outs[r].count(), type, r);
         }
       },
       [ins, outs, self] {
@@ -887,7 +894,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
   if (dstRank == rank_) check.refuse("a rank cannot send to itself");
   const Flat f = flat(t);
   return post(c10d::OpType::SEND, {t},
-              [=] { comm_.send(f.bytes(), f.count(), check.type(t), dstRank); });
+              [=, &comm = comm_] { comm.send(f.bytes(), f.count(), check.type(t), dstRank); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors,
@@ -898,12 +905,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
   if (srcRank == rank_) check.refuse("a rank cannot receive from itself");
   const Flat f = flat(t);
   return post(
-      c10d::OpType::RECV, {t}, [=] { comm_.recv(f.bytes(), f.count(), check.type(t), srcRank); },
+      c10d::OpType::RECV, {t},
+      [=, &comm = comm_] { comm.recv(f.bytes(), f.count(), check.type(t), srcRank); },
       [f] { f.copyBack(); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return post(c10d::OpType::BARRIER, {}, [=] { comm_.barrier(); });
+  return post(c10d::OpType::BARRIER, {}, [=, &comm = comm_] { comm.barrier(); });
 }
 
 c10::intrusive_ptr<BackendBase> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
