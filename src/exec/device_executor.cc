@@ -158,7 +158,6 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
   const device::StreamHandle stream = streams[0];
   Op op;
   op.info = lanes[0].info;
-  for (size_t i = 0; i < count; ++i) op.tags.push_back(lanes[i].tag);
   // After the previous op, wherever it ran (also on the same handle: a
   // per-thread default stream is one handle for many streams), and after
   // the group's other streams reached this point.
@@ -305,10 +304,10 @@ void DeviceExecutor::lower(DeviceLane* lanes, size_t count, device::StreamHandle
       std::find_if(lanes, lanes + count, [](const DeviceLane& l) { return l.pointToPoint; }) -
       lanes);
   // The collectives go one after another, each whole before the next, as
-  // if issued alone. Interleaving their pieces cannot win anything on one
-  // stream, and it can deadlock: where one rank must hold back a piece (its
-  // step also uses a direction another lane holds) and its peer need not,
-  // their k-th messages on a connection fall in different rounds, and two
+  // if issued alone. On one stream interleaving their pieces gains little,
+  // and it can deadlock: where one rank must hold back a piece (its step
+  // also uses a direction another lane holds) and its peer need not, their
+  // k-th messages on a connection fall in different rounds, and two
   // streams can each wait for a message the other lowered after its wait.
   for (size_t i = 0; i < collectives; ++i) lowerInTurns(lanes + i, 1, stream, nullptr);
   const bool sendsApart =

@@ -144,7 +144,6 @@ class DeviceExecutor {
       uint64_t sent;
     };
     std::vector<Target> targets;
-    std::vector<uint32_t> tags;  // of its lanes: what its messages carry
     // The messages it receives, per peer, as runs of one lane's tag: a
     // failed op's release answers the tag wait its stream is stuck at.
     struct Received {

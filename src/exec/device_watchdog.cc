@@ -123,11 +123,11 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     const uint32_t filled = device_.readFlagNow(c->recv.filled);
     if (static_cast<int32_t>(filled - low(wait.message)) <= 0) {
       peer = wait.peer;
-      const Op::Target* target = nullptr;
-      for (const Op::Target& t : head.targets)
-        if (t.peer == peer) target = &t;
+      uint64_t last = wait.message + 1;  // the op's last message from the peer
+      for (const Op::Target& target : head.targets)
+        if (target.peer == peer) last = target.received;
       where = format("waiting for data from rank %d (%d messages still to come)", peer,
-                     static_cast<int32_t>(low(target->received) - filled));
+                     static_cast<int32_t>(low(last) - filled));
       break;
     }
     const uint32_t tag = device_.readFlagNow(c->recv.tags + wait.message % slots_);
