@@ -494,6 +494,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
   for (const Calls::Call& call : calls) {
     for (const at::Tensor& t : call.work->result()) outputs.push_back(t);
     members.push_back(call.work);
+    // (a coalesced call issued inside this batch: its Work too)
+    members.insert(members.end(), call.members.begin(), call.members.end());
   }
   auto work =
       c10::make_intrusive<BraidWork>(rank_, c10d::OpType::COALESCED, std::move(outputs), calls_);

@@ -237,8 +237,21 @@ def test_coalescing(rank, size, gloo):
             dist.reduce_scatter_tensor(want, whole.clone(), group=gloo)
         same(part, want, torch.float32, size, f"coalesced reduce_scatter_tensor of {k}")
 
-    # Sequence numbers: every collective counts, point-to-point calls not.
+    # A coalesced call inside a batch the caller opened (as the coalescing
+    # manager with a device does): its Work completes with the batch.
     world = dist.group.WORLD
+    cpu = torch.device("cpu")
+    outs = [torch.empty(size * k) for k in sizes]
+    world._start_coalescing(cpu)
+    inner = world.allgather_into_tensor_coalesced(outs, ins)
+    world._end_coalescing(cpu).wait()
+    inner.wait()
+    check(inner.is_completed(), "the coalesced call inside a batch did not complete with it")
+    for k, out in zip(sizes, outs):
+        want = torch.cat([values(r, k, torch.float32, 62 + k) for r in range(size)])
+        same(out, want, torch.float32, size, f"all_gather_into_tensor coalesced inside a batch, {k}")
+
+    # Sequence numbers: every collective counts, point-to-point calls not.
     before = world._get_sequence_number_for_group()
     dist.all_reduce(torch.ones(3))
     if rank % 2 == 0:
