@@ -936,11 +936,12 @@ struct ThreadsAndFds {
   std::map<int, std::string> fds;
 };
 ThreadsAndFds threadsAndFds() {
-  auto names = [](const char* path) {
+  auto names = [](const char* path) {  // (not the listing's own fd)
     std::vector<std::string> all;
     if (DIR* dir = ::opendir(path)) {
+      const std::string self = std::to_string(::dirfd(dir));
       while (dirent* entry = ::readdir(dir))
-        if (entry->d_name[0] != '.') all.push_back(entry->d_name);
+        if (entry->d_name[0] != '.' && entry->d_name != self) all.push_back(entry->d_name);
       ::closedir(dir);
     }
     return all;
@@ -978,9 +979,10 @@ std::string fdChanges(const std::map<int, std::string>& before,
 // or segment behind: three rounds each split a new communicator off a base
 // one, run an async op on it (starting its progress thread), fail it (rank 1
 // aborts; the others' op fails naming it) and destroy it; the counts after
-// every round equal those after the first. (The first round may also start
-// the process's hang-report thread and its pipe, kept for the process's
-// life.)
+// every round are no higher than after the first. (The first round may also
+// start the process's hang-report thread and its pipe, kept for the
+// process's life; and over UCX's tcp a socket of UCX's own was seen to close
+// a round or two later, so a count may drop.)
 TEST(PeerFailure, DestroyingAFailedCommunicatorLeavesNothingBehind) {
   runRanks(3, [](Communicator& base) {
     ThreadsAndFds afterFirst;
@@ -1007,7 +1009,7 @@ TEST(PeerFailure, DestroyingAFailedCommunicatorLeavesNothingBehind) {
       base.barrier();  // every rank destroyed its communicator
       const ThreadsAndFds now = threadsAndFds();
       if (round == 0) afterFirst = now;
-      require(now.threads == afterFirst.threads && now.fds.size() == afterFirst.fds.size(),
+      require(now.threads <= afterFirst.threads && now.fds.size() <= afterFirst.fds.size(),
               format("round %d: %zu threads and %zu fds, after the first round %zu and %zu (%s)",
                      round, now.threads, now.fds.size(), afterFirst.threads, afterFirst.fds.size(),
                      fdChanges(afterFirst.fds, now.fds).c_str()));
