@@ -29,14 +29,15 @@ def main():
         print(f"skipped: cannot import torch and braid_torch: {harness._importable()}")
         raise SystemExit(harness.SKIP)
     braid_run = sys.argv[1]
-    torchrun = shutil.which("torchrun") or "/usr/bin/torchrun"
     logs = tempfile.mkdtemp(prefix="braid-torchrun-")
     results = {
         "braid-run": run([braid_run, "-n", "2", sys.executable, TRAIN]),
         # --redirects/--tee: torch 1.13's torchrun cannot parse their default
         # ("0") on Python 3.11, whose enum.Flag no longer lists the zero
         # member; 1 (stdout to a log file, and to the console) parses.
-        "torchrun": run([sys.executable, torchrun, "--standalone", "--nproc_per_node", "2",
+        # torchrun as `-m torch.distributed.run`: the one of this interpreter's
+        # torch, whatever `torchrun` comes first on PATH.
+        "torchrun": run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                          "--redirects", "1", "--tee", "1", "--log_dir", logs, TRAIN]),
     }
     checksums = set()
