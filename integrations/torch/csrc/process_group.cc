@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -442,6 +443,35 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
       calls_(std::make_shared<Calls>()),
       runner_([calls = calls_] { calls->serve(); }) {
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options)
+    : BackendBase(comm.rank(), comm.size()),
+      options_(std::move(options)),
+      comm_(std::move(comm)),
+      calls_(std::make_shared<Calls>()),
+      runner_([calls = calls_] { calls->serve(); }) {}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
+    const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  const Checks check(rank_, size_, "split");
+  if (coalescing_) check.refuse("cannot split while coalescing (endCoalescing first)");
+  for (int r : ranks) check.rankArgument(r, "the new group's rank");
+  const auto at = std::find(ranks.begin(), ranks.end(), rank_);
+  const bool member = at != ranks.end();
+  // The new group's lowest rank names it: the same on its members, another
+  // on every group disjoint from it.
+  const int color = member ? *std::min_element(ranks.begin(), ranks.end()) : -1;
+  const int key = member ? static_cast<int>(at - ranks.begin()) : 0;
+  auto child = std::make_shared<std::optional<braid::Communicator>>();
+  post(c10d::OpType::UNKNOWN, {}, [child, &comm = comm_, color, key] {
+    child->emplace(comm.split(color, key));
+  })->wait();
+  if (!member) return nullptr;
+  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), opts);
+}
+#endif
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();

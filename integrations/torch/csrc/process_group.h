@@ -124,6 +124,10 @@ class ProcessGroupBraid : public BackendBase {
   // braid's Config::timeout.
   ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout);
+#if TORCH_VERSION_MAJOR >= 2
+  // A group on a communicator split off another's (split()).
+  ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options);
+#endif
   ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
@@ -185,6 +189,14 @@ class ProcessGroupBraid : public BackendBase {
   // Runs what was issued to its end (each call ends, or fails at braid's
   // timeout), then stops the group's thread.
   void shutdown() override;
+  // split_group: every rank of this group calls it, each with the ranks of
+  // its new group (a rank in none with a list that leaves it out, and gets
+  // null back). It runs braid's split in turn with the calls issued before
+  // it; the new group keeps this one's timeout (braid's split inherits it).
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(

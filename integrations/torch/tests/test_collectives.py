@@ -453,9 +453,44 @@ def test_new_group(rank, size, gloo):
     dist.all_reduce(torch.ones(1))  # the world group still works after
 
 
+def test_split_group(rank, size, gloo):
+    """torch 2: split_group on braid's split: disjoint groups in the order
+    given, and a rank left out of every group."""
+    import torch
+    import torch.distributed as dist
+
+    if torch_major() < 2:
+        if rank == 0:
+            print("split_group is skipped: torch 1.x has no backend split")
+        return
+    # Two groups, each in reverse rank order: its first rank is its rank 0.
+    halves = [list(range(size // 2))[::-1], list(range(size // 2, size))[::-1]]
+    halves = [h for h in halves if h]
+    mine = next(h for h in halves if rank in h)
+    group = dist.split_group(split_ranks=halves)
+    check(dist.get_rank(group) == mine.index(rank), f"rank {rank} is {dist.get_rank(group)} in {mine}")
+    check(dist.get_world_size(group) == len(mine), f"the group of {mine} has {dist.get_world_size(group)} ranks")
+    t = torch.full((1000,), float(rank))
+    dist.all_reduce(t, group=group)
+    same(t, torch.full((1000,), float(sum(mine))), torch.float32, size, f"all_reduce in the split group {mine}")
+    t = torch.full((3,), float(rank))
+    dist.broadcast(t, group_src=0, group=group)  # from the group's rank 0: its first rank
+    same(t, torch.full((3,), float(mine[0])), torch.float32, size, f"broadcast from {mine[0]} in {mine}")
+
+    # Only ranks 0 and 1: the others are in no group.
+    pair = dist.split_group(split_ranks=[[0, 1]])
+    if rank < 2:
+        t = torch.ones(5)
+        dist.all_reduce(t, group=pair)
+        same(t, torch.full((5,), 2.0), torch.float32, 2, "all_reduce in the split pair")
+    else:
+        check(pair is dist.GroupMember.NON_GROUP_MEMBER, f"rank {rank} outside the split got {pair}")
+    dist.all_reduce(torch.ones(1))  # the parent group still works after
+
+
 def test_all(rank, size, gloo):
     for test in (test_reductions, test_premul_sum, test_coalesced, test_coalescing, test_data_movement,
-                 test_all_to_all, test_point_to_point, test_futures, test_new_group):
+                 test_all_to_all, test_point_to_point, test_futures, test_new_group, test_split_group):
         test(rank, size, gloo)
 
 
