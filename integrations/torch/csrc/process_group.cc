@@ -494,7 +494,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
     throw Error(ErrorCode::InvalidUsage,
                 "braid rank " + std::to_string(rank_) + ": the process group was shut down");
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
-  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::UNKNOWN)
+    ++collectives_;  // (UNKNOWN: a split)
   Calls::Call call{work, std::move(run), std::move(finish), {}, {}};
   if (coalescing_)
     batch_.push_back(std::move(call));
