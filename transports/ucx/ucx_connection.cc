@@ -108,20 +108,9 @@ void UcxConnection::processExited(int earlierLoss) {
   pumpWords();
   if (!closed_) {
     leftUnannounced_ = true;
-    const bool undelivered = sendDone_ != sendPosted_;
     if (earlierLoss >= 0 && earlierLoss != peer_) {
       failedRank_ = earlierLoss;
       blames_ = earlierLoss;
-      if (undelivered)
-        fail(
-            format("rank %d failed (its process exited), and peer %d's process exited after "
-                   "it without a word while this rank's messages to it were under way",
-                   earlierLoss, peer_));
-    } else if (undelivered) {
-      fail(
-          format("peer %d's process exited without closing its communicator while this rank's "
-                 "messages to it were under way (rank %d failed)",
-                 peer_, peer_));
     }
   }
   closed_ = true;
@@ -173,7 +162,7 @@ bool UcxConnection::pumpWords() {
   return any;
 }
 
-void UcxConnection::settle(int earlierLoss) {
+void UcxConnection::settle(int earlierLoss, Clock::time_point now) {
   if (trouble_ == UCS_OK || closed_ || !failure_.empty()) return;
   if (earlierLoss >= 0 && earlierLoss != peer_) {
     blames_ = earlierLoss;
@@ -182,7 +171,13 @@ void UcxConnection::settle(int earlierLoss) {
                "to peer %d: %s",
                earlierLoss, peer_, api().statusString(trouble_)));
   }
+  if (now < settleBy()) return;
   fail(format("the connection to peer %d failed: %s (UCX)", peer_, api().statusString(trouble_)));
+}
+
+Clock::time_point UcxConnection::settleBy() const {
+  if (trouble_ == UCS_OK || closed_ || !failure_.empty()) return Clock::time_point::max();
+  return pidFd_ >= 0 ? troubleAt_ + kExitGrace : troubleAt_;
 }
 
 void* UcxConnection::startClose() {
@@ -224,7 +219,10 @@ void UcxConnection::fail(const std::string& why) {
 }
 
 void UcxConnection::noteTrouble(ucs_status_t status) {
-  if (trouble_ == UCS_OK) trouble_ = status;
+  if (trouble_ == UCS_OK) {
+    trouble_ = status;
+    troubleAt_ = Clock::now();
+  }
   shared_.trouble = true;
   ++shared_.activity;
 }

@@ -156,15 +156,13 @@ class UcxConnection final : public Connection {
   // The watched process exited: its connection is closed once its last
   // words are in (the caller drained the worker first), as a peer's whose
   // socket closed: an op that still needs it fails naming it, one that
-  // has what it needs from it finishes. A peer that left without a last
-  // word while this rank's messages to it were under way also fails the
-  // connection at once, whatever the ops need: UCX 1.13 over shared memory
-  // was seen to lose messages between the ranks still alive then (after a
-  // peer died with sends to it pending, a synchronous send between two
-  // others completed that no receive took, and another was cancelled), so
-  // no rank may wait on them. A peer that left unannounced after rank
-  // `earlierLoss` (-1: none) did is taken to have given up on that rank,
-  // with its word still on the way, and the failure names that rank.
+  // has what it needs from it finishes, and messages to it still under way
+  // are dropped (a peer that exited after its part may not have sent the
+  // acknowledgements of the last ones). A peer that left unannounced after
+  // rank `earlierLoss` (-1: none) did is taken to have given up on that
+  // rank, with its word still on the way, and the failure names that rank.
+  // (Survivors that UCX leaves waiting on each other then fail by the
+  // transport's distrust.)
   void processExited(int earlierLoss);
   // The peer left without a last word (its process exited, or died).
   bool leftUnannounced() const { return leftUnannounced_; }
@@ -191,8 +189,15 @@ class UcxConnection final : public Connection {
   // only says that its side is gone. An error after rank `earlierLoss`
   // left unannounced (-1: none) is laid to that rank: UCX's handling of a
   // dead peer's endpoint can fail operations to others too (UCX 1.13 over
-  // shared memory was seen cancelling a send to a live peer).
-  void settle(int earlierLoss);
+  // shared memory was seen cancelling a send to a live peer). An error on
+  // the connection to a watched process waits up to kExitGrace for its
+  // pidfd: a process that exits closes its sockets before its pidfd tells,
+  // and one that exited after its part must not fail the op that has what
+  // it needs from it.
+  void settle(int earlierLoss, Clock::time_point now);
+  // When settle() turns an error that waits for the pidfd into a failure;
+  // Clock::time_point::max() when none waits.
+  Clock::time_point settleBy() const;
   // The rank this connection's failure blames: its peer, or the rank whose
   // loss settle() laid it to.
   int blames() const { return blames_; }
@@ -211,6 +216,10 @@ class UcxConnection final : public Connection {
   // Memory for outgoing words: notices and the hello, and the last one
   // kept for the last word.
   static constexpr size_t kWordsOut = 4;
+  // How long an error on the connection to a watched process waits for its
+  // pidfd (see settle()). Exiting takes microseconds to milliseconds, more
+  // when a loaded machine delays the threads of the process.
+  static constexpr std::chrono::milliseconds kExitGrace{1000};
 
   struct SendSlot {
     enum State : uint8_t { Idle, Posted, Done } state = Idle;
@@ -304,6 +313,7 @@ class UcxConnection final : public Connection {
   bool peerTimedOut_ = false;      // ... because it waited for that rank too long
   int peerWaitsFor_ = -1;          // whom the peer last said it is stuck waiting for
   ucs_status_t trouble_ = UCS_OK;  // the first UCX error on this connection
+  Clock::time_point troubleAt_;    // ... and when it came
   std::string failure_;
   int pidFd_ = -1;
 };

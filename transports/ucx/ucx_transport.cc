@@ -83,16 +83,22 @@ class UcxTransport final : public Transport {
     throwIfFailed();
     const uint64_t before = shared_.activity;
     api().workerProgress(worker_->handle());
-    // A UCX error may come of a peer's death that its pidfd tells of: hear
-    // that first, so that the error is laid to the dead rank.
-    if (shared_.trouble) {
+    // A UCX error may come of a peer's death that its pidfd tells of, now
+    // or soon: hear that first, so that the error is laid to the dead rank.
+    const bool troubled = shared_.trouble || settleBy_ != Clock::time_point::max();
+    const Clock::time_point now = troubled ? Clock::now() : Clock::time_point();
+    if (troubled) {
       shared_.trouble = false;
       watchProcesses();
       pollProcesses(false, std::chrono::nanoseconds(0));
     }
+    settleBy_ = Clock::time_point::max();
     for (auto& connection : connections_) {
       connection->pumpWords();
-      connection->settle(firstLoss_);
+      if (troubled) {
+        connection->settle(firstLoss_, now);
+        settleBy_ = std::min(settleBy_, connection->settleBy());
+      }
       connection->sendNotice();
     }
     throwIfFailed();
@@ -113,6 +119,7 @@ class UcxTransport final : public Transport {
     if (firstLoss_ >= 0 && !shared_.anyFailure && Clock::now() - lossAt_ > kDistrustAfter)
       byRank_[firstLoss_]->failStillWaiting(
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lossAt_));
+    until = std::min(until, settleBy_);  // an error that waits for a pidfd
     watchProcesses();
     for (int turn = 0;; ++turn) {
       if (shared_.activity != snapshot_ || shared_.anyFailure) return;
@@ -248,6 +255,8 @@ class UcxTransport final : public Transport {
   std::vector<pollfd> pollFds_;          // the worker's event fd, then the pidfds of watched_
   std::vector<UcxConnection*> watched_;  // preallocated: no allocation per wait
   uint64_t snapshot_ = 0;
+  // When progress() must settle an error that waits for a pidfd (max: none).
+  Clock::time_point settleBy_ = Clock::time_point::max();
   int failedPeer_ = -1;
   // The first peer whose process exited without a last word (-1: none),
   // and when.
