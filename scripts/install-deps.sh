@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages braid needs to build and test. Does nothing
-# when they are all present already.
+# Installs what braid needs to build and test: Debian 12's packages, then
+# torch from pip (pinned) for the python3 on PATH. Does nothing when all is
+# present already.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+torch_version=2.15.0
+venv=$PWD/.venv
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev  # the ucx transport (BRAID_UCX)
   libibverbs-dev  # the ibverbs transport's headers (BRAID_IBVERBS; libibverbs is loaded at run time)
   iproute2 openmpi-bin  # namespace hosts (ip, tc), and mpirun in the launch check across them
   clang libclang-rt-14-dev  # clang and its libFuzzer runtime: scripts/fuzz.sh
-  python3-torch libtorch-dev pybind11-dev python3-dev  # integrations/torch, for /usr/bin/python3
-  python3-pip python3-setuptools)  # its pip install, tested
+  python3-dev python3-pip python3-venv python3-setuptools)  # integrations/torch: its build, its pip install
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+# torch for integrations/torch, with what torch's test utilities import.
+python=$(scripts/torch-python)
+if ! "$python" -c "import torch, numpy, expecttest, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  if [ "$python" = "$venv/bin/python3" ] && [ ! -x "$python" ]; then
+    echo "install-deps: $(command -v python3) is the system's (externally managed): torch goes into $venv"
+    python3 -m venv "$venv"
+  fi
+  echo "install-deps: installing torch==$torch_version for $python"
+  "$python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" numpy expecttest
+fi

@@ -7,12 +7,14 @@ own compiler flags, so the module uses torch's C++ ABI throughout
 wheels) and needs no libbraid.so beside it. Device support (CUDA) is not
 built this way: the CMake build has it.
 
-    /usr/bin/python3 -m pip install --no-build-isolation ./integrations/torch
+    python3 -m pip install --no-build-isolation ./integrations/torch
 """
 import pathlib
 import re
 
+import torch
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -55,6 +57,16 @@ def braid_sources():
     return sorted(str(path) for pattern in patterns for path in ROOT.glob(pattern))
 
 
+class BuildPy(build_py):
+    """Also writes braid_torch/_built_for.py: the torch this build is for,
+    which the package checks before it loads the extension."""
+
+    def run(self):
+        super().run()
+        target = pathlib.Path(self.build_lib) / "braid_torch" / "_built_for.py"
+        target.write_text(f'TORCH_VERSION = "{torch.__version__}"\n')
+
+
 version = braid_version()
 write_version_header(version)
 setup(
@@ -68,11 +80,10 @@ setup(
             [str(HERE / "csrc" / "module.cc"), str(HERE / "csrc" / "process_group.cc")] + braid_sources(),
             include_dirs=[str(ROOT / "include"), str(GENERATED), str(ROOT / "src"), str(ROOT)],
             define_macros=[("BRAID_HAVE_CUDA", "0"), ("BRAID_HAVE_UCX", "0"), ("BRAID_HAVE_IBVERBS", "0")],
-            # (torch 1.x asks for C++14 first; braid is C++17, and the last -std wins.)
             extra_compile_args=["-std=c++17", "-O3", "-fno-semantic-interposition", "-Wno-unused-parameter"],
             libraries=["pthread"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtension, "build_py": BuildPy},
     python_requires=">=3.8",
 )

@@ -16,13 +16,6 @@
 namespace braid::torch_backend {
 namespace {
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-#define BRAID_TORCH_HAS_FLOAT8 1
-#endif
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define BRAID_TORCH_HAS_UINT32 1
-#endif
-
 // Fails the call (it reaches Python as a RuntimeError); the group stays
 // usable: nothing was issued.
 [[noreturn]] void refuse(int rank, const char* call, const std::string& why) {
@@ -49,18 +42,14 @@ std::optional<DataType> braidType(at::ScalarType type) {
       return DataType::Float32;
     case at::kDouble:
       return DataType::Float64;
-#ifdef BRAID_TORCH_HAS_FLOAT8
     case at::kFloat8_e4m3fn:
       return DataType::Float8E4M3;
     case at::kFloat8_e5m2:
       return DataType::Float8E5M2;
-#endif
-#ifdef BRAID_TORCH_HAS_UINT32
     case at::kUInt32:
       return DataType::Uint32;
     case at::kUInt64:
       return DataType::Uint64;
-#endif
     default:
       return std::nullopt;
   }
@@ -242,17 +231,10 @@ class Checks {
         return r;
       case c10d::ReduceOp::PREMUL_SUM: {
         if (!isFloat) break;
-#if TORCH_VERSION_MAJOR >= 2
         const auto* factor =
             dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
         const at::Tensor* tensor =
             factor && factor->tensor_factor.defined() ? &factor->tensor_factor : nullptr;
-#else
-        const auto* factor =
-            dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
-        const at::Tensor* tensor =
-            factor && !factor->tensor_factors.empty() ? &factor->tensor_factors[0] : nullptr;
-#endif
         if (!factor) refuse("ReduceOp.PREMUL_SUM without its factor");
         if (!tensor) {
           r.factor = factor->double_factor;
@@ -435,18 +417,14 @@ void Calls::stop() {
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout)
-    : BackendBase(rank, size),
-#if TORCH_VERSION_MAJOR >= 2
+    : c10d::Backend(rank, size),
       options_(c10::make_intrusive<Options>("braid", timeout)),
-#endif
       comm_(meet(store, rank, size, timeout)),
       calls_(std::make_shared<Calls>()),
-      runner_([calls = calls_] { calls->serve(); }) {
-}
+      runner_([calls = calls_] { calls->serve(); }) {}
 
-#if TORCH_VERSION_MAJOR >= 2
 ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options)
-    : BackendBase(comm.rank(), comm.size()),
+    : c10d::Backend(comm.rank(), comm.size()),
       options_(std::move(options)),
       comm_(std::move(comm)),
       calls_(std::make_shared<Calls>()),
@@ -471,20 +449,17 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
   if (!member) return nullptr;
   return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), opts);
 }
-#endif
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();
   if (runner_.joinable()) runner_.join();  // after every issued call ran (or failed)
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 void ProcessGroupBraid::shutdown() {
   shutDown_ = true;
   calls_->stop();
   if (runner_.joinable()) runner_.join();
 }
-#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
                                                        std::vector<at::Tensor> outputs,
@@ -504,7 +479,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
   return work;
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 void ProcessGroupBraid::startCoalescing() {
   if (coalescing_)
     throw Error(ErrorCode::InvalidUsage,
@@ -605,7 +579,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesce
     for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
   });
 }
-#endif
 
 // ---- Collectives.
 
@@ -947,9 +920,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOpt
   return post(c10d::OpType::BARRIER, {}, [=, &comm = comm_] { comm.barrier(); });
 }
 
-c10::intrusive_ptr<BackendBase> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
-                                                   int rank, int size,
-                                                   std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size,
+                                                     std::chrono::milliseconds timeout) {
   return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
 }
 

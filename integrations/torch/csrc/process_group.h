@@ -1,5 +1,5 @@
-// The torch.distributed backend "braid": a c10d process group (torch 1.x) or
-// backend (torch 2.x) whose collectives run on a braid communicator.
+// The torch.distributed backend "braid": a c10d backend whose collectives run
+// on a braid communicator.
 //
 // Every call is checked and queued, and returns at once. The group's calls
 // run in issue order, one at a time: on the group's own thread, or inline
@@ -21,26 +21,15 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <vector>
-
-#if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
 
 #include "braid/communicator.h"
 
 namespace braid::torch_backend {
-
-#if TORCH_VERSION_MAJOR >= 2
-using BackendBase = c10d::Backend;  // torch 2 wraps a backend in its ProcessGroup
-#else
-using BackendBase = c10d::ProcessGroup;
-#endif
 
 class Calls;
 
@@ -117,25 +106,21 @@ class Calls {
   bool stopping_ = false;
 };
 
-class ProcessGroupBraid : public BackendBase {
+class ProcessGroupBraid : public c10d::Backend {
  public:
   // Meets the group's other ranks through `store`: rank 0 makes the job's
   // UniqueId and sets it there, the others read it. `timeout` becomes
   // braid's Config::timeout.
   ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout);
-#if TORCH_VERSION_MAJOR >= 2
   // A group on a communicator split off another's (split()).
   ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options);
-#endif
   ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
-#if TORCH_VERSION_MAJOR >= 2
   // The name and timeout torch made the group with (its flight recorder
   // and split_group read them).
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
-#endif
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -174,7 +159,6 @@ class ProcessGroupBraid : public BackendBase {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-#if TORCH_VERSION_MAJOR >= 2
   // Coalescing (batch_isend_irecv, torch's _coalescing_manager, the
   // *_coalesced calls): the calls between startCoalescing() and
   // endCoalescing() run as one braid group, so sends and receives in any
@@ -208,7 +192,6 @@ class ProcessGroupBraid : public BackendBase {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
-#endif
 
  private:
   // Queues a call: `run` makes braid's blocking call(s) on comm_ (the
@@ -227,17 +210,15 @@ class ProcessGroupBraid : public BackendBase {
   bool shutDown_ = false;     // shutdown() ran: no more calls
   std::vector<Calls::Call> batch_;
 
-#if TORCH_VERSION_MAJOR >= 2
   c10::intrusive_ptr<Options> options_;
-#endif
   braid::Communicator comm_;
   std::shared_ptr<Calls> calls_;
   std::thread runner_;
 };
 
 // The creator torch.distributed calls (Backend.register_backend).
-c10::intrusive_ptr<BackendBase> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
-                                                   int rank, int size,
-                                                   std::chrono::milliseconds timeout);
+c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace braid::torch_backend

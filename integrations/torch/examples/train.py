@@ -1,8 +1,8 @@
 """A DDP training loop on backend "braid", for any launcher that sets
 torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
 
-    braid-run -n 2 /usr/bin/python3 train.py
-    torchrun --nproc_per_node 2 train.py   (torch 1.13 spells it so; 2.x takes both)
+    braid-run -n 2 python3 train.py
+    torchrun --nproc-per-node 2 train.py
 
 Prints each rank's final loss and a checksum of its parameters (the same
 on every rank).

@@ -90,13 +90,6 @@ def ranks_from_argv(default=2):
     return int(sys.argv[1]) if len(sys.argv) > 1 else default
 
 
-def torch_major():
-    """torch's major version: some calls differ between 1.x and 2.x."""
-    import torch
-
-    return int(torch.__version__.split(".")[0])
-
-
 def check(condition, message):
     if not condition:
         raise AssertionError(message)

@@ -11,7 +11,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*private function.*")
 
-from harness import check, main, ranks_from_argv, torch_major
+from harness import check, main, ranks_from_argv
 
 INTS = ["int8", "uint8", "int32", "int64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -160,9 +160,9 @@ def test_premul_sum(rank, size, gloo):
     for name in FLOATS:
         dtype = dtype_of(name)
         inputs = [values(r, 501, dtype, 77) for r in range(size)]
-        # The factor as a number, and as a tensor (torch 1.x takes it in a list).
+        # The factor as a number, and as a tensor.
         tensor = torch.tensor([0.25], dtype=torch.float64)
-        for factor in (0.5, tensor if torch_major() >= 2 else [tensor]):
+        for factor in (0.5, tensor):
             t = inputs[rank].clone()
             dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
             scale = factor if isinstance(factor, float) else tensor.item()
@@ -191,15 +191,11 @@ def test_coalesced(rank, size, gloo):
 
 
 def test_coalescing(rank, size, gloo):
-    """torch 2: batch_isend_irecv, the coalescing manager and the
-    *_coalesced gathers, each against Gloo or the plain call."""
+    """batch_isend_irecv, the coalescing manager and the *_coalesced
+    gathers, each against Gloo or the plain call."""
     import torch
     import torch.distributed as dist
 
-    if torch_major() < 2:
-        if rank == 0:
-            print("coalescing is skipped: torch 1.x has no backend coalescing")
-        return
     # Around the ring both ways, the receives posted first, 2^18 floats each
     # way: more than the connections' slots hold, so it finishes only if
     # the batch runs as one group.
@@ -454,15 +450,11 @@ def test_new_group(rank, size, gloo):
 
 
 def test_split_group(rank, size, gloo):
-    """torch 2: split_group on braid's split: disjoint groups in the order
-    given, and a rank left out of every group."""
+    """split_group on braid's split: disjoint groups in the order given, and
+    a rank left out of every group."""
     import torch
     import torch.distributed as dist
 
-    if torch_major() < 2:
-        if rank == 0:
-            print("split_group is skipped: torch 1.x has no backend split")
-        return
     # Two groups, each in reverse rank order: its first rank is its rank 0.
     halves = [list(range(size // 2))[::-1], list(range(size // 2, size))[::-1]]
     halves = [h for h in halves if h]

@@ -1,4 +1,4 @@
-"""torch 2: abort and shutdown of a "braid" group never hang.
+"""abort and shutdown of a "braid" group never hang.
 
 - _abort_process_group() fails a call that waits for a rank that is not
   there yet, at once, with braid's "aborted"; destroy_process_group() then
@@ -10,17 +10,12 @@
 """
 import time
 
-from harness import check, main, torch_major
+from harness import check, main
 
 
 def test_abort(rank, size, gloo):
     import torch
     import torch.distributed as dist
-    if torch_major() < 2:
-        if rank == 0:
-            print("the abort case is skipped: torch 1.x has no backend abort")
-        dist.destroy_process_group()
-        return
     from torch.distributed.distributed_c10d import _abort_process_group
 
     t = torch.ones(1 << 16)
