@@ -328,22 +328,29 @@ Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int si
 
 // ---------------------------------------------------------------- Calls
 
+Calls::Calls() {
+  threads_.emplace_back([this] { serve(); });
+}
+
 void Calls::push(Call call) {
   bool wake;
+  bool helpers;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     call.queued = lastPush_ = Clock::now();
     queue_.push_back(std::move(call));
     wake = eager_ || sleeping_;
+    helpers = completing_ > 0;  // the first thread may be stuck in a callback
   }
   if (wake) queued_.notify_one();
+  if (helpers) helpers_.notify_all();
 }
 
-bool Calls::runNext(bool ownThread) {
+std::optional<Calls::Call> Calls::runNext(bool ownThread) {
   Call call;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
-    if (queue_.empty()) return false;
+    if (queue_.empty()) return std::nullopt;
     call = std::move(queue_.front());
     queue_.pop_front();
     eager_ = ownThread;  // the group's thread ran it: nobody claimed it in time
@@ -357,13 +364,33 @@ bool Calls::runNext(bool ownThread) {
   }
   call.run = nullptr;  // drops the tensors the closures kept alive
   call.finish = nullptr;
-  for (const auto& member : call.members) member->complete(error);
-  call.work->complete(error);
-  return true;
+  call.error = std::move(error);
+  return call;
+}
+
+void Calls::complete(Call& call) {
+  for (const auto& member : call.members) member->complete(call.error);
+  call.work->complete(call.error);
+}
+
+void Calls::completeOnGroupThread(Call& call) {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    ++completing_;
+    // Every thread of the group may now be held by a callback: one more
+    // stands by (it sleeps until a call is issued meanwhile).
+    if (completing_ == static_cast<int>(threads_.size()) && !exiting_) {
+      const int index = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, index] { help(index); });
+    }
+  }
+  complete(call);
+  std::lock_guard<std::mutex> lock(queueMutex_);
+  --completing_;
 }
 
 void Calls::runThrough(const BraidWork& work) {
-  std::unique_lock<std::recursive_mutex> running(runMutex_, std::try_to_lock);
+  std::unique_lock<std::mutex> running(runMutex_, std::try_to_lock);
   if (!running.owns_lock()) {
     // The group's thread runs a call (perhaps this one): leave the next
     // ones to their waiters again.
@@ -373,7 +400,12 @@ void Calls::runThrough(const BraidWork& work) {
     }
     running.lock();
   }
-  while (!work.done() && runNext(false)) {
+  while (!work.done()) {
+    std::optional<Call> call = runNext(false);
+    if (!call) return;
+    running.unlock();
+    complete(*call);
+    running.lock();
   }
 }
 
@@ -397,20 +429,53 @@ void Calls::serve() {
       continue;
     }
     lock.unlock();
+    std::optional<Call> call;
     {
-      std::lock_guard<std::recursive_mutex> running(runMutex_);
-      runNext(true);
+      std::lock_guard<std::mutex> running(runMutex_);
+      call = runNext(true);
     }
+    if (call) completeOnGroupThread(*call);
+    lock.lock();
+  }
+}
+
+void Calls::help(int index) {
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  for (;;) {
+    helpers_.wait(lock, [&] { return exiting_ || (completing_ >= index && !queue_.empty()); });
+    if (exiting_) return;
+    const Clock::time_point due = queue_.front().queued + kStall;
+    if (Clock::now() < due) {
+      helpers_.wait_until(lock, due);
+      continue;
+    }
+    lock.unlock();
+    std::optional<Call> call;
+    {
+      std::lock_guard<std::mutex> running(runMutex_);
+      call = runNext(true);
+    }
+    if (call) completeOnGroupThread(*call);
     lock.lock();
   }
 }
 
 void Calls::stop() {
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    stopping_ = true;
-  }
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  if (stopping_) return;  // (stopped, or stopping in another thread)
+  stopping_ = true;
   queued_.notify_all();
+  helpers_.notify_all();  // (the first thread may wait on a helper's call)
+  std::thread first = std::move(threads_[0]);
+  lock.unlock();
+  if (first.joinable()) first.join();  // after every issued call ran (or failed)
+  lock.lock();
+  exiting_ = true;
+  helpers_.notify_all();
+  std::vector<std::thread> helpers = std::move(threads_);
+  lock.unlock();
+  for (std::thread& helper : helpers)
+    if (helper.joinable()) helper.join();
 }
 
 // ---------------------------------------------------------------- the group
@@ -418,20 +483,22 @@ void Calls::stop() {
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
+      store_(store),
       options_(c10::make_intrusive<Options>("braid", timeout)),
       comm_(meet(store, rank, size, timeout)),
-      calls_(std::make_shared<Calls>()),
-      runner_([calls = calls_] { calls->serve(); }) {}
+      calls_(std::make_shared<Calls>()) {}
 
-ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options)
+ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm,
+                                     c10::intrusive_ptr<c10d::Store> store,
+                                     c10::intrusive_ptr<Options> options)
     : c10d::Backend(comm.rank(), comm.size()),
+      store_(std::move(store)),
       options_(std::move(options)),
       comm_(std::move(comm)),
-      calls_(std::make_shared<Calls>()),
-      runner_([calls = calls_] { calls->serve(); }) {}
+      calls_(std::make_shared<Calls>()) {}
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
-    const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<Options>& opts) {
   const Checks check(rank_, size_, "split");
   if (coalescing_) check.refuse("cannot split while coalescing (endCoalescing first)");
@@ -447,18 +514,16 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
     child->emplace(comm.split(color, key));
   })->wait();
   if (!member) return nullptr;
-  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), opts);
+  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store, opts);
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
-  calls_->stop();
-  if (runner_.joinable()) runner_.join();  // after every issued call ran (or failed)
+  calls_->stop();  // after every issued call ran (or failed)
 }
 
 void ProcessGroupBraid::shutdown() {
   shutDown_ = true;
   calls_->stop();
-  if (runner_.joinable()) runner_.join();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
@@ -471,7 +536,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
   auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::UNKNOWN)
     ++collectives_;  // (UNKNOWN: a split)
-  Calls::Call call{work, std::move(run), std::move(finish), {}, {}};
+  Calls::Call call{work, std::move(run), std::move(finish), {}, {}, {}};
   if (coalescing_)
     batch_.push_back(std::move(call));
   else
@@ -515,7 +580,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
                         if (call.finish) call.finish();
                     },
                     {},
-                    std::move(members)};
+                    std::move(members),
+                    {}};
   calls_->push(std::move(batch));
   return work;
 }
@@ -918,6 +984,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {
   return post(c10d::OpType::BARRIER, {}, [=, &comm = comm_] { comm.barrier(); });
+}
+
+void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? options_->timeout : opts.timeout;
+  const auto deadline = Clock::now() + timeout;
+  const std::string prefix =
+      "braid/monitored_barrier/" + std::to_string(monitoredBarriers_++) + "/";
+  const std::string released = prefix + "released";
+  const std::string ms = std::to_string(timeout.count()) + " ms";
+  const auto arrived = [&](const std::string& key, Clock::time_point until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return store_->check({key});
+    try {
+      store_->wait({key}, left);
+      return true;
+    } catch (const std::exception&) {  // the store's timeout
+      return false;
+    }
+  };
+  if (rank_ != 0) {
+    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
+    if (!arrived(released, deadline))
+      throw Error(ErrorCode::Timeout,
+                  "braid rank " + std::to_string(rank_) +
+                      ": monitored_barrier: rank 0 did not release the barrier within " + ms);
+    return;
+  }
+  std::vector<int> missing;
+  for (int r = 1; r < size_; ++r) {
+    if (arrived(prefix + std::to_string(r), deadline)) continue;
+    missing.push_back(r);
+    if (!waitAllRanks) break;
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    throw Error(ErrorCode::Timeout, "braid rank 0: monitored_barrier: " +
+                                        std::string(missing.size() == 1 ? "rank " : "ranks ") +
+                                        names + " failed to pass monitored_barrier within " + ms);
+  }
+  store_->set(released, std::vector<uint8_t>{1});
 }
 
 c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,

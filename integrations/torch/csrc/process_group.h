@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -63,6 +64,15 @@ class BraidWork : public c10d::Work {
 // claims within kGrace runs on the group's thread, and from then on calls
 // go to the group's thread as they come (DDP's bucket all-reduces, futures
 // with callbacks), until a waiter again finds its call already taken.
+//
+// Completing a call runs its future's callbacks, which may issue a later
+// call and block on its future (PowerSGD's hook does). So a call's op runs
+// under runMutex_ but its completion outside it, and while the group's
+// thread is inside a completion, a call left waiting for kStall is taken by
+// a helper thread (helper i while i of the group's threads are inside
+// completions; each is started the first time it may be needed). Calls run
+// in issue order; their futures complete in issue order unless a callback
+// runs longer than kStall.
 class Calls {
  public:
   using Clock = std::chrono::steady_clock;
@@ -74,13 +84,18 @@ class Calls {
     Clock::time_point queued{};
     // Works completed with `work`: those of the calls a coalesced batch holds.
     std::vector<c10::intrusive_ptr<BraidWork>> members;
+    std::string error;  // once it ran: why it failed, or empty
   };
+
+  Calls();  // starts the group's first thread
+  Calls(const Calls&) = delete;
+  Calls& operator=(const Calls&) = delete;
 
   void push(Call call);
   // Runs queued calls until `work` is done (or nothing is queued).
   void runThrough(const BraidWork& work);
-  // The group's thread: runs calls as they come until stop() and empty.
-  void serve();
+  // Runs what was issued to its end, then ends the group's threads.
+  // Called by a thread outside the group.
   void stop();
 
  private:
@@ -90,20 +105,35 @@ class Calls {
   // for unclaimed ones every kPoll instead of being woken for each.
   static constexpr std::chrono::microseconds kPoll{200};
   static constexpr std::chrono::milliseconds kLinger{5};
+  // How long a call waits before a helper takes it.
+  static constexpr std::chrono::microseconds kStall{200};
 
-  bool runNext(bool ownThread);  // with runMutex_ held
+  // The group's first thread: runs calls as they come until stop() and
+  // the queue is empty.
+  void serve();
+  // Helper `index` (1, 2, ...): runs calls while `index` of the group's
+  // threads are completing calls, until stop().
+  void help(int index);
+  // Pops the next call and runs its op, with runMutex_ held; nullopt when
+  // nothing is queued.
+  std::optional<Call> runNext(bool ownThread);
+  // Completes a call that ran (its future's callbacks run here), by one of
+  // the group's threads: counted in completing_.
+  void completeOnGroupThread(Call& call);
+  static void complete(Call& call);
 
-  // Held by the one runner. Recursive: a future's callback (run by the
-  // runner as it completes a call) may wait for a later call, which the
-  // same thread then runs.
-  std::recursive_mutex runMutex_;
-  std::mutex queueMutex_;  // guards what follows
-  std::condition_variable queued_;
+  std::mutex runMutex_;              // held while a call's op runs: one at a time
+  std::mutex queueMutex_;            // guards what follows
+  std::condition_variable queued_;   // the first thread's
+  std::condition_variable helpers_;  // the helpers'
   std::deque<Call> queue_;
   Clock::time_point lastPush_{};
   bool eager_ = false;     // the group's thread takes calls as they come
   bool sleeping_ = false;  // the group's thread waits to be woken
   bool stopping_ = false;
+  bool exiting_ = false;              // the first thread has ended: helpers end too
+  int completing_ = 0;                // the group's threads inside complete()
+  std::vector<std::thread> threads_;  // [0] serve(), then help(1), help(2), ...
 };
 
 class ProcessGroupBraid : public c10d::Backend {
@@ -113,8 +143,10 @@ class ProcessGroupBraid : public c10d::Backend {
   // braid's Config::timeout.
   ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout);
-  // A group on a communicator split off another's (split()).
-  ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<Options> options);
+  // A group on a communicator split off another's (split()); `store` is
+  // the new group's.
+  ProcessGroupBraid(braid::Communicator comm, c10::intrusive_ptr<c10d::Store> store,
+                    c10::intrusive_ptr<Options> options);
   ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
@@ -158,6 +190,12 @@ class ProcessGroupBraid : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Gloo's debugging barrier, through the group's store rather than the
+  // communicator, so that a rank that never comes costs only this call:
+  // every rank checks in, and rank 0 names those that did not within the
+  // timeout (opts.timeout, else the group's): the first of them, or all
+  // with waitAllRanks. Not ordered with the group's queued calls.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
   // Coalescing (batch_isend_irecv, torch's _coalescing_manager, the
   // *_coalesced calls): the calls between startCoalescing() and
@@ -206,14 +244,15 @@ class ProcessGroupBraid : public c10d::Backend {
   // While coalescing: the calls issued so far, not yet queued. Touched
   // only by the issuing thread.
   bool coalescing_ = false;
-  uint64_t collectives_ = 0;  // issued (getSequenceNumberForGroup)
-  bool shutDown_ = false;     // shutdown() ran: no more calls
+  uint64_t collectives_ = 0;        // issued (getSequenceNumberForGroup)
+  uint64_t monitoredBarriers_ = 0;  // run (their store keys)
+  bool shutDown_ = false;           // shutdown() ran: no more calls
   std::vector<Calls::Call> batch_;
 
+  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
   braid::Communicator comm_;
   std::shared_ptr<Calls> calls_;
-  std::thread runner_;
 };
 
 // The creator torch.distributed calls (Backend.register_backend).

@@ -70,6 +70,25 @@ def test_errors(rank, size, gloo):
     still_usable(rank, size, "bad ranks")
     check(dist.get_backend() == "braid", dist.get_backend())
 
+    # monitored_barrier: all come; then the odd ranks stay away, and rank 0
+    # names them (all of them, or the first), the others time out waiting
+    # for rank 0's release.
+    from datetime import timedelta
+
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    odd = [r for r in range(1, size, 2)]
+    for wait_all in (True, False):
+        if rank in odd:
+            break
+        if rank == 0:
+            named = odd if wait_all else odd[:1]
+            text = ("ranks " if len(named) > 1 else "rank ") + ", ".join(map(str, named))
+            needles = ("braid rank 0", f"monitored_barrier: {text} failed to pass", "within 1000 ms")
+        else:
+            needles = (me, "rank 0 did not release the barrier within 1000 ms")
+        raises(lambda: dist.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=wait_all), *needles)
+    still_usable(rank, size, "a monitored_barrier that ranks stayed away from")
+
 
 if __name__ == "__main__":
     main(test_errors, ranks_from_argv())
