@@ -6,8 +6,8 @@
 # --peers sees shm within a host and tcp between hosts, and that braid-perf
 # runs every collective with no wrong element; then braid-perf started by
 # the launchers themselves across the hosts: Open MPI's mpirun (where
-# installed), torchrun (where /usr/bin/python3 has torch), and Slurm's
-# variables. Exit 77 (skipped) where the namespaces cannot be made.
+# installed), torchrun (where scripts/torch-python's interpreter has torch),
+# and Slurm's variables. Exit 77 (skipped) where the namespaces cannot be made.
 #   check_netns_launch.sh BIN_DIR
 set -uo pipefail
 bin=$1
@@ -116,25 +116,23 @@ fi
 
 # torchrun, one per host (--nnodes 2, its static rendezvous on host 0):
 # braid reads RANK/WORLD_SIZE and meets at MASTER_ADDR, one port above
-# MASTER_PORT (torchrun's store holds that one). (--redirects and --tee
-# other than 0: Debian's torch 1.13 under Python 3.11 cannot parse "0", the
-# default, as no Flag member has value 0 when iterated there.)
-if /usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1; then
+# MASTER_PORT (torchrun's store holds that one).
+python=$("$(dirname "$0")/../../scripts/torch-python" 2>/dev/null || true)
+if [ -n "$python" ] && "$python" -c 'import torch.distributed.run' >/dev/null 2>&1; then
   port=$((20000 + RANDOM % 20000))
   pids=()
   for ((h = 0; h < hosts; ++h)); do
     ip netns exec "${prefix}h$h" env BRAID_SOCKET_IFNAME=eth0 BRAID_TIMEOUT=30 timeout 120 \
-      /usr/bin/python3 -m torch.distributed.run --nnodes $hosts --node_rank $h \
+      "$python" -m torch.distributed.run --nnodes $hosts --node_rank $h \
       --nproc_per_node $ranksPerHost --master_addr 127.77.0.1 --master_port $port \
-      --redirects 1 --tee 1 --log_dir "$out/torchrun-logs" \
       --no_python "$bin/braid-perf" "${perf_args[@]}" >"$out/torchrun.$h" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
   # Rank 0's output is in host 0's agent's.
-  check_perf torchrun "torchrun --nnodes 2 (/usr/bin/python3 -m torch.distributed.run)"
+  check_perf torchrun "torchrun --nnodes 2 ($python -m torch.distributed.run)"
 else
-  echo "skip torchrun: /usr/bin/python3 has no torch (python3-torch)"
+  echo "skip torchrun: ${python:-python3} has no torch (scripts/install-deps.sh installs it)"
 fi
 
 rm -rf "$out"
