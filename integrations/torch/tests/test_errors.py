@@ -89,6 +89,19 @@ def test_errors(rank, size, gloo):
         raises(lambda: dist.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=wait_all), *needles)
     still_usable(rank, size, "a monitored_barrier that ranks stayed away from")
 
+    # A group's own timeout: rank 0 waits in a group whose timeout is 2 s
+    # for a rank that never comes, and fails by it, not by the world's.
+    import time
+
+    short = dist.new_group(timeout=timedelta(seconds=2))
+    if rank == 0:
+        start = time.monotonic()
+        raises(lambda: dist.all_reduce(torch.ones(3), group=short), me, "allReduce")
+        took = time.monotonic() - start
+        check(1.5 < took < 10, f"the 2 s group timed out after {took:.1f} s")
+    dist.barrier()
+    still_usable(rank, size, "another group's timeout")
+
 
 if __name__ == "__main__":
     main(test_errors, ranks_from_argv())
