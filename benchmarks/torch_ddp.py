@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch.distributed on CPU: the "braid" backend next to "gloo", 2 ranks.
 
-    PYTHONPATH=build/python /usr/bin/python3 benchmarks/torch_ddp.py
+    PYTHONPATH=build/python python3 benchmarks/torch_ddp.py
         [--quick] [--warmup N] [--steps N] [--sweep-seconds S] [--json FILE]
 
 Launches 2 ranks on this host (torch.multiprocessing, spawn), each with one
@@ -32,6 +32,11 @@ instead of on whichever happened to run then.
      ways: "per param" issues one async dist.all_reduce per parameter's
      gradient (16 tensors: 8 of 4 MiB, 8 of 4 KiB) and then waits for all;
      "flat" is one dist.all_reduce of a single 33.6 MB buffer.
+   - The FSDP2 step: the same model with each Linear and the whole model
+     under fully_shard on a 1-D DeviceMesh over the backend's group
+     (parameters all-gathered before each layer's forward and backward,
+     gradients reduce-scattered after), same batches; "exposed" = FSDP2
+     step - no-comm step.
    - Checks: after training, both ranks must hold identical parameters in
      every configuration, and the braid-trained model must equal the
      gloo-trained one (same seeds, data and bucket size).
@@ -60,6 +65,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 WORLD_SIZE = 2
@@ -104,7 +112,18 @@ def train_step(model, optimizer, inputs, targets):
 
 
 def flat_parameters(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """Every parameter, whole (an FSDP2 model's shards gathered)."""
+    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1)
+                      for p in model.parameters()])
+
+
+def make_fsdp2(group):
+    model = make_mlp()
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 # ---------------------------------------------------------------- timing helpers
@@ -146,6 +165,9 @@ def build_training_runs(groups, opts):
             for backend in BACKENDS:
                 model = DistributedDataParallel(make_mlp(), bucket_cap_mb=bucket_mb, process_group=groups[backend])
                 runs.append({"kind": "ddp", "backend": backend, "batch": batch, "bucket_mb": bucket_mb, "model": model})
+        for backend in BACKENDS:
+            runs.append({"kind": "fsdp2", "backend": backend, "batch": batch, "bucket_mb": None,
+                         "model": make_fsdp2(groups[backend])})
     for run in runs:
         run["optimizer"] = torch.optim.SGD(run["model"].parameters(), lr=1e-3)
         run["times"] = []
@@ -169,19 +191,20 @@ def check_training(runs, control):
     """Raises unless the ranks agree; returns the runs' times and braid's distance to gloo."""
     final = {}
     for run in runs:
-        if run["kind"] != "ddp":
+        if run["kind"] == "no_comm":
             continue
-        params = flat_parameters(run["model"].module)
-        where = f"DDP {run['backend']} batch {run['batch']} bucket_cap_mb {run['bucket_mb']}"
+        model = run["model"].module if run["kind"] == "ddp" else run["model"]
+        params = flat_parameters(model)
+        where = f"{run['kind']} {run['backend']} batch {run['batch']} bucket_cap_mb {run['bucket_mb']}"
         if not ranks_agree(params, control):
             raise RuntimeError(f"{where}: the ranks' parameters differ after training")
-        final[(run["backend"], run["batch"], run["bucket_mb"])] = params
+        final[(run["kind"], run["backend"], run["batch"], run["bucket_mb"])] = params
     results = []
     for run in runs:
         entry = {key: run.get(key) for key in ("kind", "backend", "batch", "bucket_mb", "times")}
-        if run["kind"] == "ddp" and run["backend"] == "braid":
-            braid = final[("braid", run["batch"], run["bucket_mb"])]
-            gloo = final[("gloo", run["batch"], run["bucket_mb"])]
+        if run["kind"] != "no_comm" and run["backend"] == "braid":
+            braid = final[(run["kind"], "braid", run["batch"], run["bucket_mb"])]
+            gloo = final[(run["kind"], "gloo", run["batch"], run["bucket_mb"])]
             entry["max_abs_diff_to_gloo"] = (braid - gloo).abs().max().item()
         results.append(entry)
     return results
@@ -333,7 +356,7 @@ def summarize(ranks, opts):
                 per_rank = [rank["training"][i]["times"] for rank in ranks]
                 return slowest_median(per_rank), slowest_min(per_rank), run
 
-    summary = {"ddp": [], "gradient_allreduce": {}, "sweep": []}
+    summary = {"ddp": [], "fsdp2": [], "gradient_allreduce": {}, "sweep": []}
     for batch in opts.batches:
         no_comm, no_comm_min, _ = training_times("no_comm", batch)
         for bucket_mb in opts.buckets_mb:
@@ -349,6 +372,14 @@ def summarize(ranks, opts):
                 if "max_abs_diff_to_gloo" in run:
                     row["braid_vs_gloo_max_abs_diff"] = run["max_abs_diff_to_gloo"]
             summary["ddp"].append(row)
+        row = {"batch": batch, "no_comm_s": no_comm, "no_comm_min_s": no_comm_min}
+        for backend in BACKENDS:
+            step, step_min, run = training_times("fsdp2", batch, backend)
+            row[backend] = {"step_s": step, "exposed_s": step - no_comm, "step_min_s": step_min,
+                            "exposed_min_s": step_min - no_comm_min}
+            if "max_abs_diff_to_gloo" in run:
+                row["braid_vs_gloo_max_abs_diff"] = run["max_abs_diff_to_gloo"]
+        summary["fsdp2"].append(row)
 
     grads = ranks[0]["gradient_allreduce"]
     for backend in BACKENDS:
@@ -423,9 +454,23 @@ def print_ddp_table(summary, machine, opts):
         "less sensitive to stretches of slow machine time:\n"
     )
     print(table(header, ddp_rows("_min")))
-    worst = max(row["braid_vs_gloo_max_abs_diff"] for row in summary["ddp"])
+    print("\n### FSDP2 step (fully_shard per Linear and on the model, 1-D mesh), same model and batches\n")
+    header = ["batch", "no comm"]
+    for backend in BACKENDS:
+        header += [f"{backend} FSDP2", f"{backend} exposed"]
+    for suffix, what in (("", "median"), ("_min", "fastest")):
+        rows = []
+        for row in summary["fsdp2"]:
+            cells = [str(row["batch"]), ms(row[f"no_comm{suffix}_s"])]
+            for backend in BACKENDS:
+                cells += [ms(row[backend][f"step{suffix}_s"]), ms(row[backend][f"exposed{suffix}_s"])]
+            rows.append(cells)
+        print(f"{what} ms per step (slowest rank):\n")
+        print(table(header, rows))
+        print()
+    worst = max(row["braid_vs_gloo_max_abs_diff"] for row in summary["ddp"] + summary["fsdp2"])
     print(
-        "\nChecks passed: both ranks held identical parameters after every DDP run; "
+        "Checks passed: both ranks held identical parameters after every DDP and FSDP2 run; "
         f"max |braid - gloo| over the trained parameters of each configuration: {worst:.3g}.\n"
     )
 
