@@ -386,7 +386,17 @@ void Calls::completeOnGroupThread(Call& call) {
   }
   complete(call);
   std::lock_guard<std::mutex> lock(queueMutex_);
-  --completing_;
+  // (Stopping, the first thread ends once no callback can issue more.)
+  if (--completing_ == 0 && stopping_) queued_.notify_all();
+}
+
+void Calls::runOneOnGroupThread() {
+  std::optional<Call> call;
+  {
+    std::lock_guard<std::mutex> running(runMutex_);
+    call = runNext(true);
+  }
+  if (call) completeOnGroupThread(*call);
 }
 
 void Calls::runThrough(const BraidWork& work) {
@@ -413,10 +423,10 @@ void Calls::serve() {
   std::unique_lock<std::mutex> lock(queueMutex_);
   for (;;) {
     if (queue_.empty()) {
-      if (stopping_) return;
-      if (eager_ || Clock::now() - lastPush_ >= kLinger) {
+      if (stopping_ && completing_ == 0) return;
+      if (stopping_ || eager_ || Clock::now() - lastPush_ >= kLinger) {
         sleeping_ = true;
-        queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        queued_.wait(lock, [&] { return (stopping_ && completing_ == 0) || !queue_.empty(); });
         sleeping_ = false;
       } else {
         queued_.wait_for(lock, kPoll);
@@ -429,12 +439,7 @@ void Calls::serve() {
       continue;
     }
     lock.unlock();
-    std::optional<Call> call;
-    {
-      std::lock_guard<std::mutex> running(runMutex_);
-      call = runNext(true);
-    }
-    if (call) completeOnGroupThread(*call);
+    runOneOnGroupThread();
     lock.lock();
   }
 }
@@ -450,12 +455,7 @@ void Calls::help(int index) {
       continue;
     }
     lock.unlock();
-    std::optional<Call> call;
-    {
-      std::lock_guard<std::mutex> running(runMutex_);
-      call = runNext(true);
-    }
-    if (call) completeOnGroupThread(*call);
+    runOneOnGroupThread();
     lock.lock();
   }
 }

@@ -88,6 +88,7 @@ class Calls {
   };
 
   Calls();  // starts the group's first thread
+  ~Calls() { stop(); }
   Calls(const Calls&) = delete;
   Calls& operator=(const Calls&) = delete;
 
@@ -120,6 +121,8 @@ class Calls {
   // Completes a call that ran (its future's callbacks run here), by one of
   // the group's threads: counted in completing_.
   void completeOnGroupThread(Call& call);
+  // Runs the next call, if any, and completes it (queueMutex_ not held).
+  void runOneOnGroupThread();
   static void complete(Call& call);
 
   std::mutex runMutex_;              // held while a call's op runs: one at a time
