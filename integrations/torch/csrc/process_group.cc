@@ -615,11 +615,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::coalesced(c10d::OpType type,
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  Checks(rank_, size_, "allgather_coalesced")
-      .onePerInput(outputLists.size(), inputs.size(), "list of outputs");
+  // outputLists[r][i] receives rank r's input i.
+  const Checks check(rank_, size_, "allgather_coalesced");
+  check.listOfSize(outputLists.size(), "output_tensor_lists");
+  for (const auto& list : outputLists) check.onePerInput(list.size(), inputs.size(), "output");
   return coalesced(c10d::OpType::ALLGATHER_COALESCED, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<std::vector<at::Tensor>> outs{outputLists[i]};
+      std::vector<std::vector<at::Tensor>> outs(1);
+      for (const auto& list : outputLists) outs[0].push_back(list[i]);
       std::vector<at::Tensor> in{inputs[i]};
       allgather(outs, in, opts);
     }

@@ -263,12 +263,17 @@ def test_coalescing(rank, size, gloo):
     dist.all_gather_object(numbers, after, group=gloo)
     check(len(set(numbers)) == 1, f"the ranks' sequence numbers differ: {numbers}")
 
-    # all_gather_coalesced: lists of outputs, one list per input.
-    lists = [[torch.empty(k) for _ in range(size)] for k in sizes]
+    # all_gather_coalesced: one list per rank, of one output per input
+    # (lists[r][i] is rank r's input i), as Gloo takes it.
+    lists = [[torch.empty(k) for k in sizes] for _ in range(size)]
     dist.all_gather_coalesced(lists, ins)
-    for k, got in zip(sizes, lists):
-        for r in range(size):
-            same(got[r], values(r, k, torch.float32, 62 + k), torch.float32, size, f"all_gather_coalesced of {k} from rank {r}")
+    theirs = [[torch.empty(k) for k in sizes] for _ in range(size)]
+    dist.all_gather_coalesced(theirs, ins, group=gloo)
+    for r in range(size):
+        for i, k in enumerate(sizes):
+            want = values(r, k, torch.float32, 62 + k)
+            same(theirs[r][i], want, torch.float32, size, f"Gloo's all_gather_coalesced of {k} from rank {r}")
+            same(lists[r][i], want, torch.float32, size, f"all_gather_coalesced of {k} from rank {r}")
 
 
 def test_data_movement(rank, size, gloo):
