@@ -990,15 +990,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOpt
 }
 
 void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // Its messages are Gloo's (the one other backend that has it), which
+  // scripts and torch's own tests look for.
   using Clock = std::chrono::steady_clock;
   const auto timeout = opts.timeout == c10d::kUnsetTimeout ? options_->timeout : opts.timeout;
   const auto deadline = Clock::now() + timeout;
   const std::string prefix =
       "braid/monitored_barrier/" + std::to_string(monitoredBarriers_++) + "/";
   const std::string released = prefix + "released";
+  const std::string me = "braid rank " + std::to_string(rank_) + ": ";
   const std::string ms = std::to_string(timeout.count()) + " ms";
-  const auto arrived = [&](const std::string& key, Clock::time_point until) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+  const auto arrived = [&](const std::string& key) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return store_->check({key});
     try {
       store_->wait({key}, left);
@@ -1009,24 +1013,27 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   };
   if (rank_ != 0) {
     store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
-    if (!arrived(released, deadline))
+    if (!arrived(released))
       throw Error(ErrorCode::Timeout,
-                  "braid rank " + std::to_string(rank_) +
-                      ": monitored_barrier: rank 0 did not release the barrier within " + ms);
+                  me + "Rank " + std::to_string(rank_) +
+                      " successfully reached monitoredBarrier, but received errors while waiting "
+                      "for send/recv from rank 0: it did not release the barrier within " +
+                      ms);
     return;
   }
+  if (timeout.count() <= 0)
+    throw Error(ErrorCode::Timeout, me + "Rank 0 timed out in monitoredBarrier after " + ms);
   std::vector<int> missing;
   for (int r = 1; r < size_; ++r) {
-    if (arrived(prefix + std::to_string(r), deadline)) continue;
+    if (arrived(prefix + std::to_string(r))) continue;
     missing.push_back(r);
     if (!waitAllRanks) break;
   }
   if (!missing.empty()) {
     std::string names;
     for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-    throw Error(ErrorCode::Timeout, "braid rank 0: monitored_barrier: " +
-                                        std::string(missing.size() == 1 ? "rank " : "ranks ") +
-                                        names + " failed to pass monitored_barrier within " + ms);
+    throw Error(ErrorCode::Timeout, me + (missing.size() == 1 ? "Rank " : "Ranks ") + names +
+                                        " failed to pass monitoredBarrier in " + ms);
   }
   store_->set(released, std::vector<uint8_t>{1});
 }

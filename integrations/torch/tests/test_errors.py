@@ -82,10 +82,11 @@ def test_errors(rank, size, gloo):
             break
         if rank == 0:
             named = odd if wait_all else odd[:1]
-            text = ("ranks " if len(named) > 1 else "rank ") + ", ".join(map(str, named))
-            needles = ("braid rank 0", f"monitored_barrier: {text} failed to pass", "within 1000 ms")
+            text = ("Ranks " if len(named) > 1 else "Rank ") + ", ".join(map(str, named))
+            needles = ("braid rank 0", f"{text} failed to pass monitoredBarrier in 1000 ms")
         else:
-            needles = (me, "rank 0 did not release the barrier within 1000 ms")
+            needles = (me, f"Rank {rank} successfully reached monitoredBarrier", "from rank 0",
+                       "did not release the barrier within 1000 ms")
         raises(lambda: dist.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=wait_all), *needles)
     still_usable(rank, size, "a monitored_barrier that ranks stayed away from")
 
