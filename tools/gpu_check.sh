@@ -11,7 +11,10 @@
 #      device_graphs_test (collectives captured into CUDA graphs),
 #      which must all run and pass: an instance that skips (no GPU or
 #      driver) fails the script; and nccl_device_program (built against
-#      NCCL's own nccl.h) at 4 ranks on the GPU. Those tests already put several ranks on
+#      NCCL's own nccl.h) at 4 ranks on the GPU; and, where CMake found torch
+#      for the python3 on PATH, torch.distributed's calls on CUDA tensors
+#      (integrations/torch/tests/test_cuda.py, 2 ranks on the GPU).
+#      Those tests already put several ranks on
 #      the one GPU (1 to 5 ranks, several per process too, plus the fault
 #      tests), so nothing here repeats that;
 #   3. braid-perf all-reduce on device buffers (-G 1), bfloat16 at 2 and 4
@@ -132,9 +135,17 @@ main() {
   if grep -q "building the ibverbs transport" "$logs/configure.log"; then
     equipment=(braid_fake_fabric)
   fi
+  # The torch.distributed backend, where CMake found torch (the python3 on
+  # PATH); its calls on CUDA tensors are checked on the GPU below.
+  torch_ext=()
+  if grep -q "braid_torch: built for torch .*with CUDA tensors" "$logs/configure.log"; then
+    torch_ext=(braid_torch_ext)
+  elif grep -q "braid_torch: built for torch" "$logs/configure.log"; then
+    fail "braid_torch was configured without CUDA tensors (is torch here a CPU build?): see $logs/configure.log"
+  fi
   step build 300 cmake --build "$build" -j "$(nproc)" \
-    --target "${suites[@]}" "${programs[@]}" "${equipment[@]}" braid-run braid-perf \
-    braid-bench-device-kernels
+    --target "${suites[@]}" "${programs[@]}" "${equipment[@]}" "${torch_ext[@]}" braid-run \
+    braid-perf braid-bench-device-kernels
 
   # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
   # with status 0, so the output decides.
@@ -153,6 +164,15 @@ main() {
       fail "no CUDA test of $suite ran (did the filter '*/cuda' match nothing?)"
     fi
   done
+
+  # Calls on CUDA tensors through torch.distributed, two ranks on the GPU
+  # (test_cuda.py exits 77 where torch sees no GPU: a failure here).
+  if [ ${#torch_ext[@]} -gt 0 ]; then
+    step torch-cuda 300 env PYTHONPATH="$build/python" BRAID_DEVICE=cuda \
+      "$(scripts/torch-python)" integrations/torch/tests/test_cuda.py 2
+  else
+    echo "gpu_check: braid_torch not built (no torch for $(scripts/torch-python)): torch-cuda not run"
+  fi
 
   export BRAID_DEVICE=cuda  # never fall back to host memory silently
   # A program built against NCCL's own nccl.h, single-process model, 4 ranks on the GPU.

@@ -3,8 +3,10 @@
     import braid_torch  # registers the backend
     torch.distributed.init_process_group("braid", ...)
 
-Collectives on CPU tensors run on braid's progress thread; every call
-returns a Work whose future completes without anyone calling wait().
+Calls on CPU tensors run on the group's thread; every call returns a
+Work whose future completes without anyone calling wait(). Calls on CUDA
+tensors (where the extension was built against a CUDA torch: HAS_CUDA)
+are enqueued on torch's current CUDA stream, as NCCL's backend does.
 """
 import torch  # loads libtorch before the extension
 import torch.distributed as dist
@@ -19,13 +21,14 @@ if torch.__version__ != _BUILT_FOR:
 
 from . import _C  # noqa: E402
 
-__all__ = ["BACKEND"]
+__all__ = ["BACKEND", "HAS_CUDA"]
 
 BACKEND = "braid"
+HAS_CUDA = _C.HAS_CUDA
 
 
 def _create(store, rank, size, timeout):
     return _C.create_process_group(store, rank, size, timeout)
 
 
-dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"] if HAS_CUDA else ["cpu"])

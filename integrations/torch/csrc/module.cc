@@ -12,4 +12,10 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.attr("TORCH_VERSION_BUILT_WITH") = TORCH_VERSION;
+  // Whether calls take CUDA tensors (cuda_work.h).
+#if BRAID_TORCH_CUDA
+  m.attr("HAS_CUDA") = true;
+#else
+  m.attr("HAS_CUDA") = false;
+#endif
 }

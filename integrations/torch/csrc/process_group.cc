@@ -14,14 +14,19 @@
 #include "braid/error.h"
 
 namespace braid::torch_backend {
-namespace {
 
-// Fails the call (it reaches Python as a RuntimeError); the group stays
-// usable: nothing was issued.
-[[noreturn]] void refuse(int rank, const char* call, const std::string& why) {
+void refuse(int rank, const char* call, const std::string& why) {
   throw Error(ErrorCode::InvalidArgument,
               "braid rank " + std::to_string(rank) + ": " + call + ": " + why);
 }
+
+namespace {
+
+#if BRAID_TORCH_CUDA
+constexpr bool kCuda = true;
+#else
+constexpr bool kCuda = false;
+#endif
 
 std::optional<DataType> braidType(at::ScalarType type) {
   switch (type) {
@@ -144,10 +149,7 @@ class Checks {
 
   const at::Tensor& tensor(const at::Tensor& t, const std::string& what) const {
     if (!t.defined()) refuse(what + " is undefined");
-    if (!t.device().is_cpu())
-      refuse(what + " is on " + t.device().str() +
-             ": this backend takes CPU tensors (device buffers go through braid's C++ API "
-             "or libnccl.so.2 with a CUDA stream)");
+    onOneDevice(t, what);
     if (t.is_sparse()) refuse(what + " is sparse: braid takes dense tensors");
     if (!braidType(t.scalar_type()))
       refuse(what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
@@ -157,6 +159,9 @@ class Checks {
   }
 
   DataType type(const at::Tensor& t) const { return *braidType(t.scalar_type()); }
+
+  // The device of the tensors checked so far (the CPU before any).
+  c10::Device device() const { return device_.value_or(c10::Device(c10::kCPU)); }
 
   // A coalesced call's lists: one output (list) per input tensor.
   void onePerInput(size_t outputs, size_t inputs, const char* output) const {
@@ -264,6 +269,22 @@ class Checks {
     braid::torch_backend::refuse(rank_, call_, why);
   }
 
+  // A call's tensors are all on the CPU, or all on one GPU.
+  void onOneDevice(const at::Tensor& t, const std::string& what) const {
+    const c10::Device device = t.device();
+    if (device.is_cuda() && !kCuda)
+      refuse(what + " is on " + device.str() +
+             ": this braid_torch was built without CUDA (the CMake build against a CUDA torch "
+             "has it)");
+    if (!device.is_cpu() && !device.is_cuda())
+      refuse(what + " is on " + device.str() + ": braid takes CPU and CUDA tensors");
+    if (!device_)
+      device_ = device;
+    else if (*device_ != device)
+      refuse(what + " is on " + device.str() + ", and the call's other tensors on " +
+             device_->str() + ": a call's tensors are on one device");
+  }
+
   template <typename... Args>
   static std::string format(const char* pattern, Args... args) {
     char text[512];
@@ -274,6 +295,7 @@ class Checks {
  private:
   int rank_, size_;
   const char* call_;
+  mutable std::optional<c10::Device> device_;
 };
 
 // Issues grouped ops; ends the group however the block is left, so a
@@ -295,6 +317,19 @@ class Grouped {
  private:
   Communicator& comm_;
 };
+
+}  // namespace
+
+Op grouped(std::vector<Op> ops) {
+  return [ops = std::move(ops)](Communicator& comm, Stream stream) {
+    const Grouped group(comm);
+    Work last;
+    for (const Op& op : ops) last = op(comm, stream);
+    return last;
+  };
+}
+
+namespace {
 
 std::vector<uint8_t> idBytes(const UniqueId& id) {
   const auto* first = reinterpret_cast<const uint8_t*>(id.bytes.data());
@@ -328,7 +363,7 @@ Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int si
 
 // ---------------------------------------------------------------- Calls
 
-Calls::Calls() {
+Calls::Calls(Communicator& comm) : comm_(comm) {
   threads_.emplace_back([this] { serve(); });
 }
 
@@ -357,7 +392,7 @@ std::optional<Calls::Call> Calls::runNext(bool ownThread) {
   }
   std::string error;
   try {
-    call.run();
+    call.run(comm_, Stream());
     if (call.finish) call.finish();
   } catch (const std::exception& failure) {
     error = failure.what();
@@ -486,7 +521,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
       store_(store),
       options_(c10::make_intrusive<Options>("braid", timeout)),
       comm_(meet(store, rank, size, timeout)),
-      calls_(std::make_shared<Calls>()) {}
+      calls_(std::make_shared<Calls>(comm_)) {}
 
 ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm,
                                      c10::intrusive_ptr<c10d::Store> store,
@@ -495,7 +530,7 @@ ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm,
       store_(std::move(store)),
       options_(std::move(options)),
       comm_(std::move(comm)),
-      calls_(std::make_shared<Calls>()) {}
+      calls_(std::make_shared<Calls>(comm_)) {}
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -503,6 +538,14 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
   const Checks check(rank_, size_, "split");
   if (coalescing_) check.refuse("cannot split while coalescing (endCoalescing first)");
   for (int r : ranks) check.rankArgument(r, "the new group's rank");
+  // torch's ProcessGroup::splitGroup splits the backend of each device type
+  // the group has, and this one is the group's for both the CPU and CUDA:
+  // the same split again, with nothing issued since, is that call's other
+  // half and gets the same group.
+  if (lastSplit_ && lastSplit_->ranks == ranks && lastSplit_->issued == issued_) {
+    if (!lastSplit_->child) return nullptr;
+    if (auto again = lastSplit_->child->lock()) return again;
+  }
   const auto at = std::find(ranks.begin(), ranks.end(), rank_);
   const bool member = at != ranks.end();
   // The new group's lowest rank names it: the same on its members, another
@@ -510,15 +553,28 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
   const int color = member ? *std::min_element(ranks.begin(), ranks.end()) : -1;
   const int key = member ? static_cast<int>(at - ranks.begin()) : 0;
   auto child = std::make_shared<std::optional<braid::Communicator>>();
-  post(c10d::OpType::UNKNOWN, {}, [child, &comm = comm_, color, key] {
-    child->emplace(comm.split(color, key));
-  })->wait();
-  if (!member) return nullptr;
-  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store, opts);
+  post(c10::Device(c10::kCPU), c10d::OpType::UNKNOWN, {},
+       [child, color, key](Communicator& comm, Stream) {
+         child->emplace(comm.split(color, key));
+         return Work();
+       })
+      ->wait();
+  if (!member) {
+    lastSplit_ = LastSplit{ranks, issued_, std::nullopt};
+    return nullptr;
+  }
+  auto group = c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store, opts);
+  lastSplit_ = LastSplit{ranks, issued_, c10::weak_intrusive_ptr<c10d::Backend>(group)};
+  return group;
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();  // after every issued call ran (or failed)
+}
+
+void ProcessGroupBraid::abort() {
+  comm_.abort();
+  if (cudaComm_) cudaComm_->abort();
 }
 
 void ProcessGroupBraid::shutdown() {
@@ -526,16 +582,22 @@ void ProcessGroupBraid::shutdown() {
   calls_->stop();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10d::OpType type,
-                                                       std::vector<at::Tensor> outputs,
-                                                       std::function<void()> run,
-                                                       std::function<void()> finish) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10::Device device, c10d::OpType type,
+                                                       std::vector<at::Tensor> outputs, Op run,
+                                                       Finish finish) {
   if (shutDown_)
     throw Error(ErrorCode::InvalidUsage,
                 "braid rank " + std::to_string(rank_) + ": the process group was shut down");
-  auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
+  if (coalescing_ && (cudaBatch_ ? !device.is_cuda() : device.is_cuda() && !batch_.empty()))
+    refuse(rank_, "a coalesced call",
+           "a coalesced batch's calls are on one device: this call's tensors are on " +
+               device.str() + ", the batch's are " + (cudaBatch_ ? "not" : "on cpu"));
+  ++issued_;
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::UNKNOWN)
     ++collectives_;  // (UNKNOWN: a split)
+  if (device.is_cuda())
+    return postOnCuda(device, type, std::move(outputs), std::move(run), std::move(finish));
+  auto work = c10::make_intrusive<BraidWork>(rank_, type, std::move(outputs), calls_);
   Calls::Call call{work, std::move(run), std::move(finish), {}, {}, {}};
   if (coalescing_)
     batch_.push_back(std::move(call));
@@ -557,6 +619,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
     throw Error(ErrorCode::InvalidUsage,
                 "braid rank " + std::to_string(rank_) + ": endCoalescing without startCoalescing");
   coalescing_ = false;
+  if (cudaBatch_) return endCudaCoalescing();
   std::vector<Calls::Call> calls = std::move(batch_);
   batch_.clear();
   std::vector<at::Tensor> outputs;
@@ -569,15 +632,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
   }
   auto work =
       c10::make_intrusive<BraidWork>(rank_, c10d::OpType::COALESCED, std::move(outputs), calls_);
-  auto shared = std::make_shared<std::vector<Calls::Call>>(std::move(calls));
+  if (calls.empty()) {  // nothing to run (torch coalesces around abort(), say)
+    work->complete("");
+    return work;
+  }
+  std::vector<Op> runs;
+  std::vector<Finish> finishes;
+  for (Calls::Call& call : calls) {
+    runs.push_back(std::move(call.run));
+    if (call.finish) finishes.push_back(std::move(call.finish));
+  }
   Calls::Call batch{work,
-                    [&comm = comm_, shared] {
-                      const Grouped group(comm);
-                      for (const Calls::Call& call : *shared) call.run();
-                    },
-                    [shared] {
-                      for (const Calls::Call& call : *shared)
-                        if (call.finish) call.finish();
+                    grouped(std::move(runs)),
+                    [finishes = std::move(finishes)] {
+                      for (const Finish& finish : finishes) finish();
                     },
                     {},
                     std::move(members),
@@ -590,7 +658,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::coalesced(c10d::OpType type,
                                                             const std::function<void()>& issue) {
   if (coalescing_) {  // part of the caller's batch: its Work stands for these
     const size_t first = batch_.size();
+    const size_t firstOutput = cudaBatch_ ? cudaBatch_->outputs.size() : 0;
     issue();
+    if (cudaBatch_) return cudaMember(type, firstOutput);
     std::vector<at::Tensor> outputs;
     for (size_t i = first; i < batch_.size(); ++i)
       for (const at::Tensor& t : batch_[i].work->result()) outputs.push_back(t);
@@ -607,6 +677,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::coalesced(c10d::OpType type,
   } catch (...) {  // a refused argument: nothing was queued
     coalescing_ = false;
     batch_.clear();
+    cudaBatch_.reset();
     throw;
   }
   return endCoalescing();
@@ -658,10 +729,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   check.rankArgument(opts.rootRank, "root");
   const Flat f = flat(t);
   return post(
-      c10d::OpType::BROADCAST, {t},
-      [=, &comm = comm_] {
-        comm.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
-                       static_cast<int>(opts.rootRank));
+      check.device(), c10d::OpType::BROADCAST, {t},
+      [=](Communicator& comm, Stream on) {
+        return comm.broadcast(f.bytes(), f.bytes(), f.count(), check.type(t),
+                              static_cast<int>(opts.rootRank), on);
       },
       [f] { f.copyBack(); });
 }
@@ -673,8 +744,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   const Reduction r = check.reduction(opts.reduceOp, t.scalar_type());
   const Flat f = check.reducible(t, r);
   return post(
-      c10d::OpType::ALLREDUCE, {t},
-      [=, &comm = comm_] { comm.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op); },
+      check.device(), c10d::OpType::ALLREDUCE, {t},
+      [=](Communicator& comm, Stream on) {
+        return comm.allReduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op, on);
+      },
       [f] { f.copyBack(); });
 }
 
@@ -689,12 +762,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
     flats.push_back(check.reducible(t, reductions.back()));
   }
   return post(
-      c10d::OpType::ALLREDUCE_COALESCED, tensors,
-      [=, &comm = comm_] {
+      check.device(), c10d::OpType::ALLREDUCE_COALESCED, tensors,
+      [=](Communicator& comm, Stream on) {
         const Grouped group(comm);
+        Work last;
         for (size_t i = 0; i < flats.size(); ++i)
-          comm.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
-                         check.type(flats[i].user), reductions[i].op);
+          last = comm.allReduce(flats[i].bytes(), flats[i].bytes(), flats[i].count(),
+                                check.type(flats[i].user), reductions[i].op, on);
+        return last;
       },
       [flats] {
         for (const Flat& f : flats) f.copyBack();
@@ -710,10 +785,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
   const Flat f = check.reducible(t, r);
   const bool root = opts.rootRank == rank_;
   return post(
-      c10d::OpType::REDUCE, {t},
-      [=, &comm = comm_] {
-        comm.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
-                    static_cast<int>(opts.rootRank));
+      check.device(), c10d::OpType::REDUCE, {t},
+      [=](Communicator& comm, Stream on) {
+        return comm.reduce(f.bytes(), f.bytes(), f.count(), check.type(t), r.op,
+                           static_cast<int>(opts.rootRank), on);
       },
       [f, root] {
         if (root) f.copyBack();
@@ -733,9 +808,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
   const at::Tensor gathered = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
   std::vector<at::Tensor> outs = outputs[0];
   return post(
-      c10d::OpType::ALLGATHER, outs,
-      [=, &comm = comm_] {
-        comm.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in));
+      check.device(), c10d::OpType::ALLGATHER, outs,
+      [=](Communicator& comm, Stream on) {
+        return comm.allGather(f.bytes(), gathered.data_ptr(), f.count(), check.type(in), on);
       },
       [f, gathered, outs] {
         const int64_t n = f.data.numel();
@@ -758,9 +833,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
         static_cast<long long>(output.numel()), size_, static_cast<long long>(input.numel())));
   const Flat in = flat(input), out = flat(output);
   return post(
-      c10d::OpType::_ALLGATHER_BASE, {output},
-      [=, &comm = comm_] {
-        comm.allGather(in.bytes(), out.bytes(), in.count(), check.type(input));
+      check.device(), c10d::OpType::_ALLGATHER_BASE, {output},
+      [=](Communicator& comm, Stream on) {
+        return comm.allGather(in.bytes(), out.bytes(), in.count(), check.type(input), on);
       },
       [in, out] { out.copyBack(); });
 }
@@ -775,15 +850,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
   const std::vector<Flat> outs = check.rootsList(rank_ == root, outputs, in, "output");
   const Flat f = flat(in);
   return post(
-      c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
-      [=, &comm = comm_, rank = rank_, nranks = size_] {
+      check.device(), c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
+      [=, rank = rank_, nranks = size_](Communicator& comm, Stream on) {
         const Grouped group(comm);
-        if (rank != root) {
-          comm.send(f.bytes(), f.count(), check.type(in), root);
-          return;
-        }
+        if (rank != root) return comm.send(f.bytes(), f.count(), check.type(in), root, on);
+        Work last;
         for (int r = 0; r < nranks; ++r)
-          if (r != root) comm.recv(outs[r].bytes(), outs[r].count(), check.type(in), r);
+          if (r != root) last = comm.recv(outs[r].bytes(), outs[r].count(), check.type(in), r, on);
+        return last;
       },
       [f, outs, root] {
         if (outs.empty()) return;
@@ -802,15 +876,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
   const std::vector<Flat> ins = check.rootsList(rank_ == root, inputs, out, "input");
   const Flat f = flat(out);
   return post(
-      c10d::OpType::SCATTER, {out},
-      [=, &comm = comm_, rank = rank_, nranks = size_] {
+      check.device(), c10d::OpType::SCATTER, {out},
+      [=, rank = rank_, nranks = size_](Communicator& comm, Stream on) {
         const Grouped group(comm);
-        if (rank != root) {
-          comm.recv(f.bytes(), f.count(), check.type(out), root);
-          return;
-        }
+        if (rank != root) return comm.recv(f.bytes(), f.count(), check.type(out), root, on);
+        Work last;
         for (int r = 0; r < nranks; ++r)
-          if (r != root) comm.send(ins[r].bytes(), ins[r].count(), check.type(out), r);
+          if (r != root) last = comm.send(ins[r].bytes(), ins[r].count(), check.type(out), r, on);
+        return last;
       },
       [f, ins, root] {
         if (!ins.empty()) f.data.copy_(ins[root].data.view(f.data.sizes()));
@@ -834,9 +907,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
   const Flat in = check.reducible(at::cat(pieces), r);
   const Flat f = flat(out);
   return post(
-      c10d::OpType::REDUCE_SCATTER, {out},
-      [=, &comm = comm_] {
-        comm.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op);
+      check.device(), c10d::OpType::REDUCE_SCATTER, {out},
+      [=](Communicator& comm, Stream on) {
+        return comm.reduceScatter(in.bytes(), f.bytes(), f.count(), check.type(out), r.op, on);
       },
       [in, f] { f.copyBack(); });
 }
@@ -856,9 +929,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
   const Reduction r = check.reduction(opts.reduceOp, output.scalar_type());
   const Flat in = check.reducible(input, r), out = flat(output);
   return post(
-      c10d::OpType::_REDUCE_SCATTER_BASE, {output},
-      [=, &comm = comm_] {
-        comm.reduceScatter(in.bytes(), out.bytes(), out.count(), check.type(output), r.op);
+      check.device(), c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+      [=](Communicator& comm, Stream on) {
+        return comm.reduceScatter(in.bytes(), out.bytes(), out.count(), check.type(output), r.op,
+                                  on);
       },
       [in, out] { out.copyBack(); });
 }
@@ -909,19 +983,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
   const DataType type = check.type(input);
   const int self = rank_;
   return post(
-      c10d::OpType::ALLTOALL_BASE, {output},
-      [=, &comm = comm_, rank = rank_, nranks = size_] {
+      check.device(), c10d::OpType::ALLTOALL_BASE, {output},
+      [=, rank = rank_, nranks = size_](Communicator& comm, Stream on) {
         const Grouped group(comm);
+        Work last;
         for (int r = 0; r < nranks; ++r) {
           if (r == rank) continue;
           if (sendCounts[r] > 0)
-            comm.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]), type, r);
+            last = comm.send(in.bytes(sendAt[r]), static_cast<size_t>(sendCounts[r]), type, r, on);
           if (recvCounts[r] > 0)
-            comm.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]), type, r);
+            last = comm.recv(out.bytes(recvAt[r]), static_cast<size_t>(recvCounts[r]), type, r, on);
         }
+        return last;
       },
-      [in, out, self, at = sendAt[self], to = recvAt[self], n = sendCounts[self]] {
-        std::memcpy(out.bytes(to), in.bytes(at), static_cast<size_t>(n) * in.data.element_size());
+      [in, out, at = sendAt[self], to = recvAt[self], n = sendCounts[self]] {
+        out.data.view(-1).narrow(0, to, n).copy_(in.data.view(-1).narrow(0, at, n));
         out.copyBack();
       });
 }
@@ -944,14 +1020,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
   const DataType type = check.type(inputs[0]);
   const int self = rank_;
   return post(
-      c10d::OpType::ALLTOALL, outputs,
-      [=, &comm = comm_, rank = rank_, nranks = size_] {
+      check.device(), c10d::OpType::ALLTOALL, outputs,
+      [=, rank = rank_, nranks = size_](Communicator& comm, Stream on) {
         const Grouped group(comm);
+        Work last;
         for (int r = 0; r < nranks; ++r) {
           if (r == rank) continue;
-          if (ins[r].count() > 0) comm.send(ins[r].bytes(), ins[r].count(), type, r);
-          if (outs[r].count() > 0) comm.recv(outs[r].bytes(), outs[r].count(), type, r);
+          if (ins[r].count() > 0) last = comm.send(ins[r].bytes(), ins[r].count(), type, r, on);
+          if (outs[r].count() > 0) last = comm.recv(outs[r].bytes(), outs[r].count(), type, r, on);
         }
+        return last;
       },
       [ins, outs, self] {
         outs[self].data.copy_(ins[self].data.view(outs[self].data.sizes()));
@@ -968,8 +1046,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
   check.rankArgument(dstRank, "destination");
   if (dstRank == rank_) check.refuse("a rank cannot send to itself");
   const Flat f = flat(t);
-  return post(c10d::OpType::SEND, {t},
-              [=, &comm = comm_] { comm.send(f.bytes(), f.count(), check.type(t), dstRank); });
+  return post(check.device(), c10d::OpType::SEND, {t}, [=](Communicator& comm, Stream on) {
+    return comm.send(f.bytes(), f.count(), check.type(t), dstRank, on);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors,
@@ -980,13 +1059,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
   if (srcRank == rank_) check.refuse("a rank cannot receive from itself");
   const Flat f = flat(t);
   return post(
-      c10d::OpType::RECV, {t},
-      [=, &comm = comm_] { comm.recv(f.bytes(), f.count(), check.type(t), srcRank); },
+      check.device(), c10d::OpType::RECV, {t},
+      [=](Communicator& comm, Stream on) {
+        return comm.recv(f.bytes(), f.count(), check.type(t), srcRank, on);
+      },
       [f] { f.copyBack(); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return post(c10d::OpType::BARRIER, {}, [=, &comm = comm_] { comm.barrier(); });
+  // (on the group's communicator, ordered with its calls on CPU tensors)
+  return post(c10::Device(c10::kCPU), c10d::OpType::BARRIER, {},
+              [](Communicator& comm, Stream) { return comm.barrier(); });
 }
 
 void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -1037,6 +1120,24 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   }
   store_->set(released, std::vector<uint8_t>{1});
 }
+
+#if !BRAID_TORCH_CUDA
+// Built without CUDA, Checks refuses CUDA tensors before a call gets here.
+namespace {
+[[noreturn]] void withoutCuda(int rank) {
+  refuse(rank, "a call on CUDA tensors", "this braid_torch was built without CUDA");
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::postOnCuda(c10::Device, c10d::OpType,
+                                                             std::vector<at::Tensor>, Op, Finish) {
+  withoutCuda(rank_);
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCudaCoalescing() { withoutCuda(rank_); }
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::cudaMember(c10d::OpType, size_t) {
+  withoutCuda(rank_);
+}
+#endif
 
 c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                      int rank, int size,

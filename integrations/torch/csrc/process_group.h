@@ -1,15 +1,20 @@
 // The torch.distributed backend "braid": a c10d backend whose collectives run
 // on a braid communicator.
 //
-// Every call is checked and queued, and returns at once. The group's calls
-// run in issue order, one at a time: on the group's own thread, or inline
-// in a thread that waits for one of them (Work::wait(), as a blocking
-// dist.all_reduce does), which then runs the queue up to it, so a blocking
-// call costs no hand-off between threads. Running a call means braid's
-// blocking op, copying results back where a tensor had to be staged, and
+// Every call is checked and returns at once. Calls on CPU tensors are
+// queued, and the group's calls run in issue order, one at a time: on the group's own thread, or
+// inline in a thread that waits for one of them (Work::wait(), as a blocking dist.all_reduce does),
+// which then runs the queue up to it, so a blocking call costs no hand-off between threads. Running
+// a call means braid's blocking op, copying results back where a tensor had to be staged, and
 // completing the torch Work and its future. So DDP's bucket all-reduces run
 // while the backward pass goes on, and a future completes without anyone
 // calling wait().
+//
+// Calls on CUDA tensors (where braid_torch is built with CUDA) take
+// braid's device path on a communicator of their own, split off the
+// group's on the first such call: their ops are enqueued at once, in the
+// issuing thread, on torch's current CUDA stream, as ProcessGroupNCCL's
+// are (cuda_work.h).
 #pragma once
 
 #include <torch/version.h>
@@ -33,6 +38,23 @@
 namespace braid::torch_backend {
 
 class Calls;
+struct CudaIssue;
+
+// Fails a call for a bad argument (it reaches Python as a RuntimeError,
+// naming the rank and the call); the group stays usable: nothing was issued.
+[[noreturn]] void refuse(int rank, const char* call, const std::string& why);
+
+// What a call runs: braid's op(s) on `comm` with `stream` (the default,
+// host-synchronous stream for CPU tensors; torch's current CUDA stream
+// for CUDA tensors). Returns the last op's Work: ops of one communicator
+// finish in issue order, and a failure fails every later op.
+using Op = std::function<braid::Work(braid::Communicator& comm, braid::Stream stream)>;
+// Then, after the op: copies staged results back.
+using Finish = std::function<void()>;
+
+// The ops of `ops` as one braid group (so that sends and receives in any
+// order cannot deadlock), returning the last one's Work.
+Op grouped(std::vector<Op> ops);
 
 // A torch Work, completed by whoever runs its call.
 class BraidWork : public c10d::Work {
@@ -79,15 +101,15 @@ class Calls {
 
   struct Call {
     c10::intrusive_ptr<BraidWork> work;
-    std::function<void()> run;     // braid's op(s), blocking
-    std::function<void()> finish;  // then: copy staged results back
+    Op run;         // braid's op(s), blocking on the group's communicator
+    Finish finish;  // then: copy staged results back
     Clock::time_point queued{};
     // Works completed with `work`: those of the calls a coalesced batch holds.
     std::vector<c10::intrusive_ptr<BraidWork>> members;
     std::string error;  // once it ran: why it failed, or empty
   };
 
-  Calls();  // starts the group's first thread
+  explicit Calls(braid::Communicator& comm);  // starts the group's first thread
   ~Calls() { stop(); }
   Calls(const Calls&) = delete;
   Calls& operator=(const Calls&) = delete;
@@ -125,6 +147,7 @@ class Calls {
   void runOneOnGroupThread();
   static void complete(Call& call);
 
+  braid::Communicator& comm_;        // the group's (outlives every call that runs)
   std::mutex runMutex_;              // held while a call's op runs: one at a time
   std::mutex queueMutex_;            // guards what follows
   std::condition_variable queued_;   // the first thread's
@@ -209,8 +232,9 @@ class ProcessGroupBraid : public c10d::Backend {
   // counted): the same on every rank that issued the same calls.
   uint64_t getSequenceNumberForGroup() override { return collectives_; }
   // Fails the call running and every queued one with braid's Aborted
-  // (torch.distributed's _abort_process_group); the group is done.
-  void abort() override { comm_.abort(); }
+  // (torch.distributed's _abort_process_group), and the ops enqueued on
+  // CUDA streams, whose streams go on; the group is done.
+  void abort() override;
   // Runs what was issued to its end (each call ends, or fails at braid's
   // timeout), then stops the group's thread.
   void shutdown() override;
@@ -235,27 +259,62 @@ class ProcessGroupBraid : public c10d::Backend {
       const c10d::ReduceScatterOptions& opts) override;
 
  private:
-  // Queues a call: `run` makes braid's blocking call(s) on comm_ (the
-  // arguments checked already, captured by value), `finish` copies staged
-  // results back.
-  c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                      std::function<void()> run, std::function<void()> finish = {});
+  // Issues a call whose tensors are on `device` (its arguments checked
+  // already, captured by value in `run` and `finish`): CPU calls are
+  // queued (run on comm_, blocking), CUDA calls go to postOnCuda.
+  c10::intrusive_ptr<c10d::Work> post(c10::Device device, c10d::OpType type,
+                                      std::vector<at::Tensor> outputs, Op run, Finish finish = {});
+  // Enqueues the call on torch's current stream of `device`, on
+  // cudaComm(); while coalescing, adds it to cudaBatch_ (cuda_work.cc).
+  c10::intrusive_ptr<c10d::Work> postOnCuda(c10::Device device, c10d::OpType type,
+                                            std::vector<at::Tensor> outputs, Op run, Finish finish);
+  // endCoalescing for a batch of calls on CUDA tensors: enqueues them as one.
+  c10::intrusive_ptr<c10d::Work> endCudaCoalescing();
+  // The Work of a coalesced call issued inside a CUDA batch: the batch's
+  // outputs from `firstOutput` on are its own.
+  c10::intrusive_ptr<c10d::Work> cudaMember(c10d::OpType type, size_t firstOutput);
+  // The communicator for calls on CUDA tensors: split off comm_ (with
+  // `device` current) by the first such call, in turn with the calls
+  // issued before it. Every later call must be on the same device.
+  braid::Communicator& cudaComm(c10::Device device);
   // Issues the calls `issue` makes as one coalesced batch (inside a batch
   // the caller opened already: as part of it) and returns its Work.
   c10::intrusive_ptr<c10d::Work> coalesced(c10d::OpType type, const std::function<void()>& issue);
 
-  // While coalescing: the calls issued so far, not yet queued. Touched
-  // only by the issuing thread.
+  // While coalescing: the calls issued so far, not yet queued (CPU) or
+  // enqueued (CUDA: cudaBatch_). Touched only by the issuing thread.
   bool coalescing_ = false;
-  uint64_t collectives_ = 0;        // issued (getSequenceNumberForGroup)
-  uint64_t monitoredBarriers_ = 0;  // run (their store keys)
-  bool shutDown_ = false;           // shutdown() ran: no more calls
+  uint64_t collectives_ = 0;  // issued (getSequenceNumberForGroup)
+  uint64_t issued_ = 0;       // calls issued, of every kind
+  struct LastSplit {
+    std::vector<int> ranks;
+    uint64_t issued;                                              // issued_ then
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> child;  // none: in no new group
+  };
+  std::optional<LastSplit> lastSplit_;  // split()'s last
+  uint64_t monitoredBarriers_ = 0;      // run (their store keys)
+  bool shutDown_ = false;               // shutdown() ran: no more calls
   std::vector<Calls::Call> batch_;
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
   braid::Communicator comm_;
   std::shared_ptr<Calls> calls_;
+
+  // Calls on CUDA tensors (cuda_work.h).
+  struct CudaBatch {
+    std::shared_ptr<CudaIssue> issue;
+    c10::Device device;
+    std::vector<Op> runs;
+    std::vector<Finish> finishes;
+    std::vector<at::Tensor> outputs;
+  };
+  std::optional<CudaBatch> cudaBatch_;  // while coalescing calls on CUDA tensors
+  // Enqueued calls not yet seen finished, with the tensors they use, which
+  // stay alive until then (released as later calls are issued).
+  std::deque<std::shared_ptr<CudaIssue>> inFlight_;
+  // (Destroyed before inFlight_: it first finishes what was enqueued.)
+  std::optional<braid::Communicator> cudaComm_;
 };
 
 // The creator torch.distributed calls (Backend.register_backend).
