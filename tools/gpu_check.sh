@@ -11,10 +11,7 @@
 #      device_graphs_test (collectives captured into CUDA graphs),
 #      which must all run and pass: an instance that skips (no GPU or
 #      driver) fails the script; and nccl_device_program (built against
-#      NCCL's own nccl.h) at 4 ranks on the GPU; and, where CMake found torch
-#      for the python3 on PATH, torch.distributed's calls on CUDA tensors
-#      (integrations/torch/tests/test_cuda.py, 2 ranks on the GPU).
-#      Those tests already put several ranks on
+#      NCCL's own nccl.h) at 4 ranks on the GPU. Those tests already put several ranks on
 #      the one GPU (1 to 5 ranks, several per process too, plus the fault
 #      tests), so nothing here repeats that;
 #   3. braid-perf all-reduce on device buffers (-G 1), bfloat16 at 2 and 4
@@ -33,7 +30,10 @@
 #      1 rank, a rank per GPU where there are several, and braid alone with
 #      2 ranks on one GPU (NCCL refuses them);
 #   4. braid-bench-device-kernels at 1 GiB per buffer: Device::copy and the
-#      2-input Sum reduce for float32, bfloat16 and float16;
+#      2-input Sum reduce for float32, bfloat16 and float16; then, where
+#      CMake found torch for the python3 on PATH, braid_torch is built and
+#      torch.distributed's calls on CUDA tensors run at 2 ranks on the GPU
+#      (integrations/torch/tests/test_cuda.py);
 #   5. prints a summary table against the targets: 8 B all-reduce at 2 ranks
 #      <= 15 us (<= 10 us in windows), <= 4 us a call replayed from a CUDA
 #      graph (braid-perf -C, on FIFOs and in windows); 256 MiB bfloat16 busbw at 2 ranks >=
@@ -135,17 +135,9 @@ main() {
   if grep -q "building the ibverbs transport" "$logs/configure.log"; then
     equipment=(braid_fake_fabric)
   fi
-  # The torch.distributed backend, where CMake found torch (the python3 on
-  # PATH); its calls on CUDA tensors are checked on the GPU below.
-  torch_ext=()
-  if grep -q "braid_torch: built for torch .*with CUDA tensors" "$logs/configure.log"; then
-    torch_ext=(braid_torch_ext)
-  elif grep -q "braid_torch: built for torch" "$logs/configure.log"; then
-    fail "braid_torch was configured without CUDA tensors (is torch here a CPU build?): see $logs/configure.log"
-  fi
   step build 300 cmake --build "$build" -j "$(nproc)" \
-    --target "${suites[@]}" "${programs[@]}" "${equipment[@]}" "${torch_ext[@]}" braid-run \
-    braid-perf braid-bench-device-kernels
+    --target "${suites[@]}" "${programs[@]}" "${equipment[@]}" braid-run braid-perf \
+    braid-bench-device-kernels
 
   # The CUDA instances only; gtest reports a skipped one (no GPU or driver)
   # with status 0, so the output decides.
@@ -164,15 +156,6 @@ main() {
       fail "no CUDA test of $suite ran (did the filter '*/cuda' match nothing?)"
     fi
   done
-
-  # Calls on CUDA tensors through torch.distributed, two ranks on the GPU
-  # (test_cuda.py exits 77 where torch sees no GPU: a failure here).
-  if [ ${#torch_ext[@]} -gt 0 ]; then
-    step torch-cuda 300 env PYTHONPATH="$build/python" BRAID_DEVICE=cuda \
-      "$(scripts/torch-python)" integrations/torch/tests/test_cuda.py 2
-  else
-    echo "gpu_check: braid_torch not built (no torch for $(scripts/torch-python)): torch-cuda not run"
-  fi
 
   export BRAID_DEVICE=cuda  # never fall back to host memory silently
   # A program built against NCCL's own nccl.h, single-process model, 4 ranks on the GPU.
@@ -220,6 +203,20 @@ main() {
     --benchmark_min_time=0.5 --benchmark_out="$logs/kernels.csv" --benchmark_out_format=csv
   if grep -q ',true,' "$logs/kernels.csv"; then
     fail "a kernel benchmark could not run: $(grep -m1 ',true,' "$logs/kernels.csv")"
+  fi
+
+  # The torch.distributed backend, where CMake found torch for the python3
+  # on PATH (built last: the steps above do not wait for it): its calls on
+  # CUDA tensors, two ranks on the GPU (test_cuda.py exits 77 where torch
+  # sees no GPU, which fails the step).
+  if grep -q "braid_torch: built for torch .*with CUDA tensors" "$logs/configure.log"; then
+    step torch-build 300 cmake --build "$build" -j "$(nproc)" --target braid_torch_ext
+    step torch-cuda 300 env PYTHONPATH="$build/python" \
+      "$(scripts/torch-python)" integrations/torch/tests/test_cuda.py 2
+  elif grep -q "braid_torch: built for torch" "$logs/configure.log"; then
+    fail "braid_torch was configured without CUDA tensors (is torch here a CPU build?): see $logs/configure.log"
+  else
+    echo "gpu_check: braid_torch not configured (no torch for $(scripts/torch-python)): torch-cuda not run"
   fi
 
   # ---- Summary.
