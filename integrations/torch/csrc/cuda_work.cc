@@ -61,9 +61,8 @@ CudaWork::CudaWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       issue_(std::move(issue)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                   std::vector<c10::Device>{issue_->device})) {
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
+                                                       std::vector<c10::Device>{issue_->device})) {
   issue_->futures.emplace_back(future_, c10::IValue(outputs_));
 }
 

@@ -103,9 +103,7 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::vector<at::Tensor> output
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       calls_(std::move(calls)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
 
 c10::intrusive_ptr<c10::ivalue::Future> BraidWork::getFuture() { return future_; }
 
@@ -863,6 +861,45 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
         if (outs.empty()) return;
         outs[root].data.copy_(f.data.view(outs[root].data.sizes()));
         for (const Flat& out : outs) out.copyBack();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_into_tensor(
+    at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
+  const Checks check(rank_, size_, "gather_into_tensor");
+  check.tensor(input, "input");
+  check.rankArgument(opts.rootRank, "root");
+  const int root = static_cast<int>(opts.rootRank);
+  const bool isRoot = rank_ == root;
+  if (isRoot) {
+    check.tensor(output, "output");
+    if (output.scalar_type() != input.scalar_type())
+      check.refuse("the output's dtype differs from the input's");
+    if (output.numel() != static_cast<int64_t>(size_) * input.numel())
+      check.refuse(Checks::format(
+          "the output has %lld elements, not the group's size (%d) times the input's %lld",
+          static_cast<long long>(output.numel()), size_, static_cast<long long>(input.numel())));
+  }
+  const Flat in = flat(input);
+  const Flat out = isRoot ? flat(output) : Flat{};
+  const DataType type = check.type(input);
+  return post(
+      check.device(), c10d::OpType::GATHER,
+      isRoot ? std::vector<at::Tensor>{output} : std::vector<at::Tensor>{},
+      [=, rank = rank_, nranks = size_](Communicator& comm, Stream on) {
+        const Grouped group(comm);
+        if (rank != root) return comm.send(in.bytes(), in.count(), type, root, on);
+        const int64_t n = in.data.numel();
+        Work last;
+        for (int r = 0; r < nranks; ++r)
+          if (r != root) last = comm.recv(out.bytes(r * n), in.count(), type, r, on);
+        return last;
+      },
+      [in, out, root, isRoot] {
+        if (!isRoot) return;
+        const int64_t n = in.data.numel();
+        out.data.view(-1).narrow(0, root * n, n).copy_(in.data.view(-1));
+        out.copyBack();
       });
 }
 

@@ -196,6 +196,12 @@ class ProcessGroupBraid : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
+  // gather_single: the inputs of every rank, in rank order, into one
+  // tensor at the root (elsewhere `output` is not used). Declared without
+  // `override`: the base declares it from torch 2.14 on, and earlier this
+  // is a method of its own.
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;

@@ -9,7 +9,8 @@ every test spawns WORLD_SIZE processes that meet through a FileStore.
     WORLD_SIZE=2 python3 pytorch_suite.py --backend gloo  # the same on Gloo
 
 The suite gates tests on backend names. Here "braid" is added to the
-features it has (DistTestCases: ddp, subgroup, plugin), and the tests
+features it has (DistTestCases: ddp, subgroup, plugin, and gpu where it
+takes CUDA tensors), and the tests
 that PyTorch runs only for Gloo because they name it, where what they test
 is generic CPU behaviour, are run too (GLOO_ONLY_BUT_GENERIC). Tests that
 cannot pass on braid are listed in NOT_FOR_BRAID with the reason; the
@@ -39,7 +40,9 @@ if harness._importable():
 import braid_torch  # noqa: E402,F401  (registers "braid", here and in every spawned rank)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
-for feature in ("ddp", "subgroup", "plugin"):
+# "gpu": the backends that take CUDA tensors, which braid does where it was
+# built against a CUDA torch (tests that need GPUs still skip without them).
+for feature in ("ddp", "subgroup", "plugin") + (("gpu",) if braid_torch.HAS_CUDA else ()):
     DistTestCases.backend_feature[feature].add("braid")
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402

@@ -316,6 +316,10 @@ def test_data_movement(rank, size, gloo):
             if rank == root:
                 for r in range(size):
                     same(gathered[r], inputs[r], dtype, size, f"gather to {root} part {r} " + what)
+            into = torch.full((size * n,), 7, dtype=dtype) if rank == root else None
+            dist.gather_into_tensor(mine, into, dst=root)
+            if rank == root:
+                same(into, torch.cat(inputs), dtype, size, f"gather_into_tensor to {root} " + what)
 
             pieces = [values(r + 100, n, dtype, seed) for r in range(size)]
             out = torch.empty(n, dtype=dtype)
