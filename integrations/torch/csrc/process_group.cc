@@ -589,7 +589,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::post(c10::Device device, c10d:
   if (coalescing_ && (cudaBatch_ ? !device.is_cuda() : device.is_cuda() && !batch_.empty()))
     refuse(rank_, "a coalesced call",
            "a coalesced batch's calls are on one device: this call's tensors are on " +
-               device.str() + ", the batch's are " + (cudaBatch_ ? "not" : "on cpu"));
+               device.str() + ", the batch's on " +
+               (cudaBatch_ ? cudaBatch_->device.str() : "cpu"));
   ++issued_;
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::UNKNOWN)
     ++collectives_;  // (UNKNOWN: a split)
