@@ -90,6 +90,22 @@ def ranks_from_argv(default=2):
     return int(sys.argv[1]) if len(sys.argv) > 1 else default
 
 
+def ring_exchange(mine, got, rank, size):
+    """Blocking send of `mine` to the right neighbour and receive of `got`
+    from the left one, ordered so that no rank waits on another's send.
+    Returns the left neighbour."""
+    import torch.distributed as dist
+
+    right, left = (rank + 1) % size, (rank - 1) % size
+    if rank % 2 == 0:
+        dist.send(mine, right)
+        dist.recv(got, left)
+    else:
+        dist.recv(got, left)
+        dist.send(mine, right)
+    return left
+
+
 def check(condition, message):
     if not condition:
         raise AssertionError(message)

@@ -11,7 +11,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*private function.*")
 
-from harness import check, main, ranks_from_argv
+from harness import check, main, ranks_from_argv, ring_exchange
 
 INTS = ["int8", "uint8", "int32", "int64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -370,12 +370,7 @@ def test_point_to_point(rank, size, gloo):
     for n in (0, 1, 100_000):
         out = torch.arange(n, dtype=torch.float64) + rank
         got = torch.empty(n, dtype=torch.float64)
-        if rank % 2 == 0:
-            dist.send(out, right)
-            dist.recv(got, left)
-        else:
-            dist.recv(got, left)
-            dist.send(out, right)
+        ring_exchange(out, got, rank, size)
         same(got, torch.arange(n, dtype=torch.float64) + left, torch.float64, size, f"send/recv n={n}")
         got2 = torch.empty(n, dtype=torch.float64)
         works = [dist.isend(out, left), dist.irecv(got2, right)]

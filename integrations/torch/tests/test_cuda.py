@@ -17,7 +17,7 @@ import warnings
 warnings.filterwarnings("ignore", message=".*private function.*")
 
 import harness
-from harness import check, main, ranks_from_argv
+from harness import check, main, ranks_from_argv, ring_exchange
 
 
 def device_of(rank):
@@ -115,15 +115,10 @@ def test_point_to_point(rank, size, gloo):
     import torch.distributed as dist
 
     dev = device_of(rank)
-    right, left = (rank + 1) % size, (rank - 1) % size
+    right = (rank + 1) % size
     mine = torch.full((4096,), float(rank), device=dev)
     got = torch.empty(4096, device=dev)
-    if rank % 2 == 0:
-        dist.send(mine, right)
-        dist.recv(got, left)
-    else:
-        dist.recv(got, left)
-        dist.send(mine, right)
+    left = ring_exchange(mine, got, rank, size)
     close(got, torch.full((4096,), float(left)), "recv from the left")
 
     from_left, from_right = torch.empty(100, device=dev), torch.empty(100, device=dev)
