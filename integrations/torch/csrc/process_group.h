@@ -2,13 +2,14 @@
 // on a braid communicator.
 //
 // Every call is checked and returns at once. Calls on CPU tensors are
-// queued, and the group's calls run in issue order, one at a time: on the group's own thread, or
-// inline in a thread that waits for one of them (Work::wait(), as a blocking dist.all_reduce does),
-// which then runs the queue up to it, so a blocking call costs no hand-off between threads. Running
-// a call means braid's blocking op, copying results back where a tensor had to be staged, and
-// completing the torch Work and its future. So DDP's bucket all-reduces run
-// while the backward pass goes on, and a future completes without anyone
-// calling wait().
+// queued and run in issue order, one at a time: on the group's own
+// thread, or inline in a thread that waits for one of them (Work::wait(),
+// as a blocking dist.all_reduce does), which then runs the queue up to it,
+// so a blocking call costs no hand-off between threads. Running a call
+// means braid's blocking op, copying results back where a tensor had to be
+// staged, and completing the torch Work and its future. So DDP's bucket
+// all-reduces run while the backward pass goes on, and a future completes
+// without anyone calling wait().
 //
 // Calls on CUDA tensors (where braid_torch is built with CUDA) take
 // braid's device path on a communicator of their own, split off the
