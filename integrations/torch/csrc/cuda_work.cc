@@ -4,7 +4,6 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <algorithm>
 #include <string>
 
 #include "braid/error.h"
@@ -27,7 +26,6 @@ void CudaIssue::enqueue(Communicator& comm, Op ops, Finish copies) {
     for (auto& [future, value] : futures) future->setError(refused);
     throw;
   }
-  stream = current;
   captured = c10::cuda::isStreamCapturingMayInitCtx(current.stream());
   done.record(current);
   enqueued = true;
@@ -35,6 +33,7 @@ void CudaIssue::enqueue(Communicator& comm, Op ops, Finish copies) {
   // streams: these are the ops' stream's.
   const c10::cuda::CUDAStreamGuard onStream(current);
   for (auto& [future, value] : futures) future->markCompleted(value);
+  futures.clear();  // (the Works keep their futures)
 }
 
 bool CudaIssue::finished() const {

@@ -12,7 +12,6 @@
 
 #include <exception>
 #include <memory>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -40,9 +39,8 @@ struct CudaIssue {
   bool captured = false;  // the stream was being captured into a CUDA graph
   std::exception_ptr refused;
   Work last;  // the last op's (see Op)
-  std::optional<c10::cuda::CUDAStream> stream;
   at::cuda::CUDAEvent done;
-  // The Works' futures, and what each completes with.
+  // The Works' futures, and what each completes with (until enqueued).
   std::vector<std::pair<c10::intrusive_ptr<c10::ivalue::Future>, c10::IValue>> futures;
   // The closures hold every tensor the ops and copies use; the group drops
   // them once finished() (ProcessGroupBraid::inFlight_).
