@@ -142,6 +142,148 @@ TEST(SendRecv, EveryLengthAcrossTheInlineAndSlotBoundariesArrivesIntact) {
   });
 }
 
+// Rank 0 receives from any source while every other rank sends it two
+// messages of each size: inline, in a slot, over several slots (a barrier
+// between sizes, since a message of the next size from a quick peer would
+// not fit a receive of this one). Each peer's messages arrive in its send
+// order, whole, and a recv() naming a peer takes that peer's next message
+// after the ones recvFromAny() took.
+TEST(SendRecv, RecvFromAnyTakesEachPeersSendsInTheirOrderAt4Ranks) {
+  runRanks(4, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    auto valueOf = [](int rank, int message, size_t i) {
+      return static_cast<int32_t>(rank * 1000000 + message * 100000 + i % 100000);
+    };
+    int message = 0;
+    for (size_t count : {size_t{3}, size_t{20000}, size_t{300000}}) {  // 12 B, 80 KB, 1.2 MB
+      if (r != 0) {
+        for (int m = message; m < message + 2; ++m) {
+          std::vector<int32_t> out(count);
+          for (size_t i = 0; i < count; ++i) out[i] = valueOf(r, m, i);
+          comm.send(out.data(), count, DataType::Int32, 0);
+        }
+      } else {
+        std::vector<int> next(static_cast<size_t>(n), message);  // each peer's next message
+        for (int k = 0; k < 2 * (n - 1); ++k) {
+          std::vector<int32_t> in(count + 1, -1);
+          const int from = comm.recvFromAny(in.data(), count, DataType::Int32);
+          require(from > 0 && from < n, format("recvFromAny returned %d", from));
+          const int m = next[static_cast<size_t>(from)]++;
+          require(m < message + 2, format("a third message of %zu from rank %d", count, from));
+          for (size_t i = 0; i < count; ++i)
+            if (in[i] != valueOf(from, m, i))
+              require(false, format("element %zu of message %d from rank %d is wrong (%d)", i, m,
+                                    from, in[i]));
+          require(in[count] == -1, "recvFromAny wrote past its count");
+        }
+      }
+      message += 2;
+      comm.barrier();
+    }
+    if (r != 0) {
+      const int32_t last = valueOf(r, message, 0);
+      comm.send(&last, 1, DataType::Int32, 0);
+    } else {
+      int32_t last = -1;
+      const int from = comm.recvFromAny(&last, 1, DataType::Int32);
+      for (int peer = 1; peer < n; ++peer) {
+        if (peer == from) continue;
+        int32_t in = -1;
+        comm.recv(&in, 1, DataType::Int32, peer);
+        require(in == valueOf(peer, message, 0), format("recv from %d after recvFromAny", peer));
+      }
+      require(last == valueOf(from, message, 0), "the last recvFromAny");
+    }
+    requireUsable(comm);
+  });
+}
+
+// Every rank receives from any source once from each other rank, in the
+// middle of collectives, with the peers' sends issued in a different order
+// on every rank: no message is taken twice or by the wrong receive, and
+// the collectives around them are unaffected.
+TEST(SendRecv, RecvFromAnyBetweenCollectivesWhileEveryRankSendsAt3Ranks) {
+  runRanks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    for (int round = 0; round < 20; ++round) {
+      requireUsable(comm);
+      comm.groupStart();  // (a blocking send to a rank that is itself sending could wait)
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + (round % 2 ? k : n - k)) % n;
+        const int64_t value = r * 100 + round;
+        comm.send(&value, 1, DataType::Int64, to);
+      }
+      comm.groupEnd();
+      std::vector<bool> seen(static_cast<size_t>(n), false);
+      for (int k = 1; k < n; ++k) {
+        int64_t value = -1;
+        const int from = comm.recvFromAny(&value, 1, DataType::Int64);
+        require(from != r && !seen[static_cast<size_t>(from)],
+                format("round %d: recvFromAny returned %d twice or this rank", round, from));
+        seen[static_cast<size_t>(from)] = true;
+        require(value == from * 100 + round,
+                format("round %d: %lld from rank %d", round, static_cast<long long>(value), from));
+      }
+    }
+    requireUsable(comm);
+  });
+}
+
+TEST(BadInput, RecvFromAnyRefusesWhatItCannotMatchNamingItAndTheCommunicatorStaysUsable) {
+  runRanks(2, [](Communicator& comm) {
+    float x = 0;
+    requireError([&] { comm.recvFromAny(&x, 0, DataType::Float32); }, ErrorCode::InvalidArgument,
+                 "'count' is 0");
+    requireError([&] { comm.recvFromAny(nullptr, 4, DataType::Float32); },
+                 ErrorCode::InvalidArgument, "'buffer' is null");
+    requireError([&] { comm.recvFromAny(&x, 1, static_cast<DataType>(42)); },
+                 ErrorCode::InvalidArgument, "'type' (42)");
+    comm.groupStart();
+    requireError([&] { comm.recvFromAny(&x, 1, DataType::Float32); }, ErrorCode::InvalidUsage,
+                 "cannot be part of a group");
+    comm.groupEnd();
+    requireUsable(comm);
+    Communicator alone = comm.split(comm.rank(), 0);
+    requireError([&] { alone.recvFromAny(&x, 1, DataType::Float32); }, ErrorCode::InvalidUsage,
+                 "no other rank");
+  });
+}
+
+// With nobody sending, recvFromAny fails with Timeout after the
+// communicator's timeout, saying it waited for any rank; once every peer
+// has left, it fails at once naming the peer that closed.
+TEST(SendRecv, RecvFromAnyTimesOutWhenNobodySendsAndFailsWhenEveryPeerLeft) {
+  RunOptions options;
+  options.config.timeout = milliseconds(500);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(1500));  // alive, silent
+          return;
+        }
+        float x = 0;
+        const auto start = steady_clock::now();
+        requireError([&] { comm.recvFromAny(&x, 1, DataType::Float32); }, ErrorCode::Timeout,
+                     "waiting for data from any rank");
+        const auto took = steady_clock::now() - start;
+        require(
+            took >= milliseconds(450) && took < milliseconds(1400),
+            format("timed out after %lld ms",
+                   static_cast<long long>(std::chrono::duration_cast<milliseconds>(took).count())));
+      },
+      options);
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        if (comm.rank() != 0) return;  // destroys its communicator at once
+        float x = 0;
+        requireError([&] { comm.recvFromAny(&x, 1, DataType::Float32); }, ErrorCode::RemoteError,
+                     "closed its connection");
+      },
+      options);
+}
+
 TEST(MemAlloc, RejectsZeroBytesAndForeignPointersNamingTheArgument) {
   EXPECT_THROW(
       try { memAlloc(0); } catch (const Error& error) {

@@ -122,6 +122,15 @@ class Communicator {
                      Stream stream = {});
   Work send(const void* buffer, size_t count, DataType type, int peer, Stream stream = {});
   Work recv(void* buffer, size_t count, DataType type, int peer, Stream stream = {});
+  // A receive from whichever peer's send to this rank arrives first (MPI's
+  // MPI_ANY_SOURCE): blocks until one has, receives it into `buffer` and
+  // returns that peer. It counts as that peer's receive: the k-th send
+  // from A to B meets B's k-th receive from A, recv() or recvFromAny().
+  // Host buffers only, `count` above 0, outside groups, in the calling
+  // thread once this rank's async ops are done; InvalidArgument or
+  // InvalidUsage otherwise, naming what is wrong. Fails as recv() does,
+  // and with Timeout after Config::timeout when no peer sent.
+  int recvFromAny(void* buffer, size_t count, DataType type);
   Work barrier(Stream stream = {});
 
   // Operations issued between groupStart() and the matching groupEnd() run

@@ -322,6 +322,30 @@ Work Communicator::recv(void* buffer, size_t count, DataType type, int peer, Str
   return issuePointToPoint(impl_.get(), false, nullptr, buffer, count, type, peer, stream);
 }
 
+int Communicator::recvFromAny(void* buffer, size_t count, DataType type) {
+  Impl& impl = usable(impl_.get(), "recvFromAny");
+  ArgumentCheck check(impl, "recvFromAny");
+  check.type(type);
+  check.size("count", count, type);
+  if (count == 0)
+    check.reject("argument 'count' is 0: a receive from any source needs a message to match");
+  check.buffer("buffer", buffer, count);
+  if (impl.device && impl.device->deviceOf(buffer) >= 0)
+    check.reject("argument 'buffer' is device memory: a receive from any source takes host memory");
+  if (impl.groupDepth > 0)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         "recvFromAny: a receive from any source cannot be part of a group (call it before "
+         "groupStart() or after groupEnd())");
+  if (impl.nranks == 1)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         "recvFromAny: this communicator has no other rank to receive from");
+  const int peer = impl.awaitSender(count, type);
+  PendingOp op = pointToPointOp(impl, false, nullptr, buffer, count, type, peer, Stream(), false);
+  op.info.name = "recvFromAny";
+  impl.issue(std::move(op));  // inline: it completed, or it threw
+  return peer;
+}
+
 Work Communicator::barrier(Stream stream) {
   Impl& impl = usable(impl_.get(), "barrier");
   PendingOp pending =

@@ -138,6 +138,14 @@ struct Communicator::Impl {
   // every call but abort()) once waitForAsyncIdle() returned, since only it
   // can queue more.
   void execute(PendingOp* ops, size_t count);
+  // After the executor threw while running ops: `error` becomes the sticky
+  // failure and every peer is told whom this rank blames.
+  void failedToRun(const Error& error);
+  // A receive of `count` elements of `type` from any source: waits in the
+  // calling thread (after the progress thread went idle) until some peer's
+  // next send to this rank has arrived, and returns that peer; the
+  // receive from it is then issued as any other. Fails as execute() does.
+  int awaitSender(size_t count, DataType type);
   // Sets each lane's memAlloc regions (what its pieces may be lent from).
   void findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const;
   // BRAID_TUNING=measured: runs each contender a few times on zeroed
@@ -193,9 +201,11 @@ struct Communicator::Impl {
   }
   // One line on what this communicator is doing, for hang reports.
   std::string describeState() const;
-  std::vector<uint64_t> sendSeq;  // sends issued to each peer
-  std::vector<uint64_t> recvSeq;  // receives issued from each peer
-  uint64_t splits = 0;            // split() calls, for the child's secret
+  std::vector<uint64_t> sendSeq;   // sends issued to each peer
+  std::vector<uint64_t> recvSeq;   // receives issued from each peer
+  uint64_t anySourceReceives = 0;  // recvFromAny calls matched so far
+  int nextAnySource = 0;           // the peer recvFromAny looks at first
+  uint64_t splits = 0;             // split() calls, for the child's secret
   int groupDepth = 0;
   std::vector<PendingOp> group;         // ops issued inside the open group
   std::byte barrierIn{}, barrierOut{};  // the barrier's 1-byte all-reduce

@@ -85,10 +85,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     throwIfFailed();
     executor->run(lanes, count, knobs.timeout, aborted);
   } catch (const Error& error) {
-    if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
-      diagnose::report(*this, "timed out");
-    recordFailure(error);
-    giveUp(executor->blamedRank());
+    failedToRun(error);
     failure = error;
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
     failure = Error(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
@@ -107,6 +104,13 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     if (ops[i].work) ops[i].work->complete(nullptr);
   }
   completedSeq.store(completed, std::memory_order_relaxed);
+}
+
+void Communicator::Impl::failedToRun(const Error& error) {
+  if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
+    diagnose::report(*this, "timed out");
+  recordFailure(error);
+  giveUp(executor->blamedRank());
 }
 
 void Communicator::Impl::executeOnDevice(PendingOp* ops, size_t count) {
@@ -239,6 +243,41 @@ uint32_t tagFor(const PendingOp& op) {
 }
 
 }  // namespace
+
+int Communicator::Impl::awaitSender(size_t count, DataType type) {
+  waitForAsyncIdle();  // the executor is this thread's from here
+  // Each peer's next send to this rank carries the tag of the receive
+  // from it that this rank would issue now. Its number alone picks the
+  // message; a count or type that differs then fails as any receive does.
+  PendingOp next;
+  next.kind = Collective::Recv;
+  next.info.count = count;
+  next.info.type = type;
+  std::vector<uint32_t> tags(static_cast<size_t>(nranks), 0);
+  for (int peer = 0; peer < nranks; ++peer) {
+    if (peer == rank) continue;
+    next.info.seq = recvSeq[static_cast<size_t>(peer)];
+    tags[static_cast<size_t>(peer)] = tagFor(next);
+  }
+  constexpr uint32_t kPointToPointAndNumber = 0x8000ffffu;
+  exec::OpInfo info;
+  info.name = "recvFromAny";
+  info.seq = anySourceReceives;
+  info.count = count;
+  info.type = type;
+  int peer = -1;
+  try {
+    throwIfFailed();
+    peer = executor->awaitSender(info, tags, kPointToPointAndNumber, nextAnySource, knobs.timeout,
+                                 aborted);
+  } catch (const Error& error) {
+    failedToRun(error);
+    throw;
+  }
+  ++anySourceReceives;
+  nextAnySource = (peer + 1) % nranks;
+  return peer;
+}
 
 void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
   PlanCache& cache = op.onDevice ? devicePlans : plans;

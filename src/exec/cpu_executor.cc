@@ -175,7 +175,7 @@ bool Executor::advance(Lane& lane) {
     if (in) {
       message = in->peekRecv();
       if (!message) {
-        if (in->peerClosed()) failClosed(lane, step.recvPeer, "waits for its data");
+        if (in->peerClosed()) failClosed(*lane.info, step.recvPeer, "waits for its data");
         break;
       }
       if (message->bytes != piece || message->tag != lane.tag)
@@ -189,7 +189,7 @@ bool Executor::advance(Lane& lane) {
     if (out) {
       slotMemory = out->sendSlot(piece);
       if (!slotMemory) {
-        if (out->peerClosed()) failClosed(lane, step.sendPeer, "sends to it");
+        if (out->peerClosed()) failClosed(*lane.info, step.sendPeer, "sends to it");
         break;
       }
     }
@@ -251,7 +251,7 @@ bool Executor::advance(Lane& lane) {
   return moved;
 }
 
-void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
+void Executor::failClosed(const OpInfo& info, int peer, const char* doing) {
   const int failed = wiring_.connections[peer]->failedRank();
   blamed_ = failed >= 0 ? failed : peer;
   blamedTimedOut_ = failed >= 0 && wiring_.connections[peer]->peerTimedOut();
@@ -259,16 +259,16 @@ void Executor::failClosed(const Lane& lane, int peer, const char* doing) {
     fail(ErrorCode::Timeout, rank_,
          format("%s: rank %d stopped answering: peer %d timed out waiting for it and gave up, "
                 "while this rank %s",
-                lane.info->describe().c_str(), failed, peer, doing));
+                info.describe().c_str(), failed, peer, doing));
   if (failed >= 0 && failed != peer)
     fail(ErrorCode::RemoteError, rank_,
          format("%s: rank %d failed: peer %d gave up on it and closed its connection while this "
                 "rank %s",
-                lane.info->describe().c_str(), failed, peer, doing));
+                info.describe().c_str(), failed, peer, doing));
   fail(ErrorCode::RemoteError, rank_,
        format("%s: peer %d closed its connection while this rank %s (the peer exited, failed or "
               "destroyed its communicator)",
-              lane.info->describe().c_str(), peer, doing));
+              info.describe().c_str(), peer, doing));
 }
 
 bool Executor::progressTransports() {
@@ -376,6 +376,76 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration wait
   }
   fail(ErrorCode::Timeout, rank_,
        format("%s timed out after %lld ms %s", lane->info->describe().c_str(), ms, where.c_str()));
+}
+
+int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags, uint32_t mask,
+                          int first, std::chrono::milliseconds timeout,
+                          const std::atomic<bool>& aborted) {
+  const int n = static_cast<int>(tags.size());
+  blamed_ = -1;
+  blamedTimedOut_ = false;
+  activity_.begin(info);
+  Clock::time_point start{}, deadline{};
+  bool armed = false;
+  unsigned turns = 0;
+  try {
+    for (;;) {
+      if (!active_.empty()) progressTransports();
+      int open = 0, closed = -1;
+      for (int k = 0; k < n; ++k) {
+        const int peer = (first + k) % n;
+        if (tags[peer] == 0) continue;
+        transport::Connection* in = wiring_.connections[peer];
+        if (const transport::Message* message = in->peekRecv()) {
+          if ((message->tag & mask) == (tags[peer] & mask)) {
+            activity_.name.store(nullptr, std::memory_order_relaxed);
+            return peer;
+          }
+          ++open;  // its messages of later ops come after this one
+        } else if (in->peerClosed()) {
+          closed = peer;
+        } else {
+          ++open;
+        }
+      }
+      if (open == 0) failClosed(info, closed, "waits for data from any rank");
+      if (aborted.load(std::memory_order_relaxed))
+        fail(ErrorCode::Aborted, rank_,
+             format("%s: the communicator was aborted", info.describe().c_str()));
+      if (++turns <= kUncountedTurns) {
+        cpuRelax();
+        continue;
+      }
+      const Clock::time_point now = Clock::now();
+      if (start == Clock::time_point{}) {
+        start = now;
+        deadline = now + timeout;
+        activity_.describe(info, 1, 1);
+        activity_.waitingSince.store(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+            std::memory_order_relaxed);
+      }
+      if (now >= deadline)
+        fail(ErrorCode::Timeout, rank_,
+             format(
+                 "%s timed out after %lld ms waiting for data from any rank",
+                 info.describe().c_str(),
+                 static_cast<long long>(
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count())));
+      if (!armed) {  // snapshot, then one more full pass before any sleep
+        prepareToWait();
+        armed = true;
+        continue;
+      }
+      waitForActivity(std::min(deadline, now + kLongestSleep));
+      prepareToWait();
+    }
+  } catch (const Error& error) {
+    if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
+    for (const transport::Transport* transport : active_)
+      if (blamed_ < 0) blamed_ = transport->failedPeer();
+    fail(error.code(), rank_, info.describe() + ": " + error.what());
+  }
 }
 
 void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,

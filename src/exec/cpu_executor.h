@@ -124,6 +124,18 @@ class Executor {
   void run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
            const std::atomic<bool>& aborted);
 
+  // A receive from any source, before it runs: waits until some peer's
+  // oldest unread message is its next point-to-point message to this rank,
+  // and returns that peer. The message from `peer` matches when its tag
+  // agrees with `tags[peer]` on the bits of `mask` (0 in tags: not a
+  // candidate). Candidates are looked at in turn from `first`, so that
+  // none is starved. Throws as run() does (`info` names the op): Aborted,
+  // Timeout `timeout` after it first waited (blaming nobody), RemoteError
+  // when a connection failed or every candidate closed its connection with
+  // nothing left for this rank.
+  int awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags, uint32_t mask, int first,
+                  std::chrono::milliseconds timeout, const std::atomic<bool>& aborted);
+
  private:
   bool advance(Lane& lane);
   bool progressTransports();
@@ -139,7 +151,7 @@ class Executor {
   // true when none is left.
   bool allReturned();
   void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
-  [[noreturn]] void failClosed(const Lane& lane, int peer, const char* doing);
+  [[noreturn]] void failClosed(const OpInfo& info, int peer, const char* doing);
   // What this rank waits for in an op that cannot move: the first lane with
   // steps left and its peer, or (lane null) the peer still reading memory
   // this rank lent; peer -1 when it only waits to flush.
