@@ -281,7 +281,18 @@ int Communicator::Impl::awaitSender(size_t count, DataType type) {
 
 void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
   PlanCache& cache = op.onDevice ? devicePlans : plans;
-  op.plan = cache.get(op.kind, op.shape).get();
+  try {
+    op.plan = cache.get(op.kind, op.shape).get();
+  } catch (const Error& error) {
+    // The first call of a size class times its algorithms with the other
+    // ranks (timeContenders), and a trial failed: name the call as well.
+    std::string what = error.what();
+    const std::string mine = format("braid rank %d: ", rank);
+    if (what.compare(0, mine.size(), mine) == 0) what.erase(0, mine.size());
+    fail(error.code(), rank,
+         format("%s, timing its algorithms (the first call of its size): %s",
+                op.info.describe().c_str(), what.c_str()));
+  }
   // (Its plan is the cache's last one: it was looked up just now.)
   if (keep) op.keepPlan = cache.last();
 }

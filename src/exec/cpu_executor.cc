@@ -346,7 +346,8 @@ void Executor::followWaits(const Lane* lanes, size_t count) {
   if (culprit != waitingFor_) announceWaitingFor(culprit);
 }
 
-void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration waited) {
+void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration waited,
+                           std::chrono::milliseconds timeout) {
   const Wait wait = waitOf(lanes, count);
   const Lane* lane = wait.lane ? wait.lane : lanes;
   std::string where = "flushing its last messages";
@@ -365,17 +366,22 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration wait
   blamedTimedOut_ = wait.peer >= 0;
   const auto ms =
       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
+  // (The wait runs a grace past the timeout, for the ranks to tell each
+  // other whom they wait for.)
+  const std::string limit =
+      format(" (the timeout is %lld ms)", static_cast<long long>(timeout.count()));
   if (wait.peer >= 0 && waitingFor_ >= 0 && waitingFor_ != wait.peer) {
     // The peer said it waits for another rank in turn: that one is stuck.
     blamed_ = waitingFor_;
     fail(ErrorCode::Timeout, rank_,
          format("%s timed out after %lld ms: rank %d stopped answering (this rank is %s, and rank "
-                "%d waits, directly or through other ranks, for rank %d)",
+                "%d waits, directly or through other ranks, for rank %d)%s",
                 lane->info->describe().c_str(), ms, waitingFor_, where.c_str(), wait.peer,
-                waitingFor_));
+                waitingFor_, limit.c_str()));
   }
   fail(ErrorCode::Timeout, rank_,
-       format("%s timed out after %lld ms %s", lane->info->describe().c_str(), ms, where.c_str()));
+       format("%s timed out after %lld ms %s%s", lane->info->describe().c_str(), ms, where.c_str(),
+              limit.c_str()));
 }
 
 int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags, uint32_t mask,
@@ -427,11 +433,12 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
       }
       if (now >= deadline)
         fail(ErrorCode::Timeout, rank_,
-             format(
-                 "%s timed out after %lld ms waiting for data from any rank",
-                 info.describe().c_str(),
-                 static_cast<long long>(
-                     std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count())));
+             format("%s timed out after %lld ms waiting for data from any rank (the timeout is "
+                    "%lld ms)",
+                    info.describe().c_str(),
+                    static_cast<long long>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count()),
+                    static_cast<long long>(timeout.count())));
       if (!armed) {  // snapshot, then one more full pass before any sleep
         prepareToWait();
         armed = true;
@@ -561,7 +568,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
           inGrace = true;
           deadline = now + std::min<Clock::duration>(timeout / 4, std::chrono::seconds(1));
         } else {
-          failStalled(lanes, count, now - waitStart);
+          failStalled(lanes, count, now - waitStart, timeout);
         }
       }
       if (inGrace) followWaits(lanes, count);

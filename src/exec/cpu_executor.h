@@ -167,7 +167,8 @@ class Executor {
   // another rank) as far as they reach.
   void followWaits(const Lane* lanes, size_t count);
   void announceWaitingFor(int rank);
-  [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::duration waited);
+  [[noreturn]] void failStalled(const Lane* lanes, size_t count, Clock::duration waited,
+                                std::chrono::milliseconds timeout);
 
   transport::Wiring& wiring_;
   int rank_;
