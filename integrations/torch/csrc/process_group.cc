@@ -114,6 +114,16 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
   return c10d::Work::wait(timeout);
 }
 
+int BraidWork::sourceRank() const {
+  if (!source_) return c10d::Work::sourceRank();  // (throws: not a receive)
+  const int source = source_->load();
+  if (source < 0)
+    throw Error(ErrorCode::InvalidUsage, "braid rank " + std::to_string(rank_) +
+                                             ": sourceRank() of a receive that has not completed "
+                                             "(wait() for it first)");
+  return source;
+}
+
 bool BraidWork::done() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_;
@@ -1102,6 +1112,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
         return comm.recv(f.bytes(), f.count(), check.type(t), srcRank, on);
       },
       [f] { f.copyBack(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                int /*tag*/) {
+  const Checks check(rank_, size_, "recv from any source");
+  const at::Tensor& t = check.one(tensors);
+  if (check.device().is_cuda())
+    check.refuse("takes a CPU tensor (braid receives from any source into host memory)");
+  if (size_ == 1) check.refuse("this group has no other rank to receive from");
+  if (t.numel() == 0) check.refuse("the tensor is empty: a receive from any source needs data");
+  if (coalescing_) check.refuse("a receive from any source cannot be coalesced");
+  const Flat f = flat(t);
+  auto source = std::make_shared<std::atomic<int>>(-1);
+  auto work = post(
+      check.device(), c10d::OpType::RECVANYSOURCE, {t},
+      [=](Communicator& comm, Stream) {
+        source->store(comm.recvFromAny(f.bytes(), f.count(), check.type(t)));
+        return braid::Work();  // (it blocked until done)
+      },
+      [f] { f.copyBack(); });
+  static_cast<BraidWork&>(*work).reportSourceFrom(std::move(source));
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& /*opts*/) {

@@ -71,7 +71,15 @@ class BraidWork : public c10d::Work {
   // Marks the work and its future done; `error` empty means success.
   void complete(const std::string& error);
 
+  // A receive's: the rank its data came from, which its op stores in
+  // `source` before the Work completes (-1 until then).
+  void reportSourceFrom(std::shared_ptr<const std::atomic<int>> source) {
+    source_ = std::move(source);
+  }
+  int sourceRank() const override;
+
  private:
+  std::shared_ptr<const std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<Calls> calls_;  // (a Work may outlive its group)
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -222,6 +230,9 @@ class ProcessGroupBraid : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
+  // From whichever rank's send arrives first (braid's recvFromAny); the
+  // Work's sourceRank() then names it. CPU tensors, outside coalescing.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   // Gloo's debugging barrier, through the group's store rather than the
   // communicator, so that a rank that never comes costs only this call:

@@ -63,23 +63,17 @@ GLOO_ONLY_BUT_GENERIC = {
     "test_sync_bn_logged",
     # Object collectives.
     "test_scatter_object_list",
+    # A group's timeout, given when it is made.
+    "test_barrier_timeout_global", "test_barrier_timeout_group", "test_barrier_timeout_full_group",
     # monitored_barrier.
     "test_monitored_barrier_gloo", "test_monitored_barrier_gloo_subgroup", "test_monitored_barrier_gloo_rank_0_timeout",
     "test_monitored_barrier_failure_order", "test_monitored_barrier_wait_all_ranks",
 }
 
 # Tests that cannot pass on braid, with the reason.
-_ANY_SOURCE = "recv from any source: braid's receives name their peer"
 NOT_FOR_BRAID = {
-    "test_send_recv_any_source": _ANY_SOURCE,
-    "test_send_recv_any_source_autograd_profiler": _ANY_SOURCE,
-    "test_send_recv_any_source_torch_profiler": _ANY_SOURCE,
     "test_ddp_logging_data_cpu": "DDP's logging data names the backend of a third-party group 'custom' "
                                  "(torch's ProcessGroup::getBackendName for BackendType::CUSTOM), not 'braid'",
-    "test_barrier_timeout_global": "checks Gloo's wording of a timeout (' Timed out ', ' timeout ', ' closed '); "
-                                   "braid's error says 'timed out after N ms'",
-    "test_barrier_timeout_full_group": "checks Gloo's wording of a timeout, as test_barrier_timeout_global",
-    "test_barrier_timeout_group": "checks Gloo's wording of a timeout, as test_barrier_timeout_global",
     "test_sparse_all_reduce_sum": "sparse tensors: braid carries dense ones",
 }
 

@@ -385,6 +385,29 @@ def test_point_to_point(rank, size, gloo):
         dist.recv(wide[:, 0], 0)
         same(wide[:, 0], torch.arange(10.0), torch.float32, size, "recv into a strided view")
     dist.barrier()
+    # From any source: every other rank sends rank 0 two tensors, which
+    # learns each sender from dist.recv (blocking) or from irecv's work;
+    # each sender's two arrive in its order.
+    if rank == 0:
+        got = {src: [] for src in range(1, size)}
+        for k in range(2 * (size - 1)):
+            t = torch.empty(3)
+            if k % 2:
+                src = dist.recv(t)
+            else:
+                work = dist.irecv(t)
+                work.wait()
+                src = work._source_rank()
+            check(src in got, f"recv from any source named rank {src}")
+            got[src].append(t)
+        for src, tensors in got.items():
+            check(len(tensors) == 2, f"{len(tensors)} tensors from rank {src}")
+            for m, t in enumerate(tensors):
+                same(t, torch.full((3,), src * 10.0 + m), torch.float32, size, f"message {m} of rank {src}")
+    else:
+        for m in range(2):
+            dist.send(torch.full((3,), rank * 10.0 + m), 0)
+    dist.barrier()
 
 
 def test_futures(rank, size, gloo):

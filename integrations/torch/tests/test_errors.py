@@ -67,6 +67,7 @@ def test_errors(rank, size, gloo):
     # (torch refuses a send to itself before the backend sees it: ask the backend.)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     raises(lambda: backend.send([torch.ones(3)], rank, 0), "cannot send to itself")
+    raises(lambda: backend.recv_anysource([torch.ones(0)], 0), "recv from any source", "is empty")
     still_usable(rank, size, "bad ranks")
     check(dist.get_backend() == "braid", dist.get_backend())
 
