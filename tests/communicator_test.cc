@@ -284,6 +284,39 @@ TEST(SendRecv, RecvFromAnyTimesOutWhenNobodySendsAndFailsWhenEveryPeerLeft) {
       options);
 }
 
+// setTimeout() on one rank: its later ops wait that long (and say so), a
+// communicator split from it inherits it, the other rank keeps its own,
+// and a timeout that is not positive is refused naming the argument.
+TEST(Timeouts, SetTimeoutAppliesToLaterOpsAndToSplitsOfThisRankOnly) {
+  RunOptions options;
+  options.config.timeout = std::chrono::seconds(60);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        requireError([&] { comm.setTimeout(milliseconds(0)); }, ErrorCode::InvalidArgument,
+                     "'timeout' is 0 ms");
+        require(comm.timeout() == std::chrono::seconds(60), "Config::timeout not in force");
+        if (comm.rank() == 0) comm.setTimeout(milliseconds(300));
+        requireUsable(comm);
+        Communicator child = comm.split(0, comm.rank());
+        const milliseconds want = comm.rank() == 0 ? milliseconds(300) : std::chrono::seconds(60);
+        require(child.timeout() == want,
+                format("the split has %lld ms", static_cast<long long>(child.timeout().count())));
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(2000));  // alive, silent
+          return;
+        }
+        float x = 0;
+        const auto start = steady_clock::now();
+        requireError([&] { child.recv(&x, 1, DataType::Float32, 1); }, ErrorCode::Timeout,
+                     "(the timeout is 300 ms)");
+        const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+        require(took >= milliseconds(280) && took < milliseconds(1500),
+                format("timed out after %lld ms", static_cast<long long>(took.count())));
+      },
+      options);
+}
+
 TEST(MemAlloc, RejectsZeroBytesAndForeignPointersNamingTheArgument) {
   EXPECT_THROW(
       try { memAlloc(0); } catch (const Error& error) {

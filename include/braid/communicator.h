@@ -1,6 +1,7 @@
 // The communicator: a group of ranks that run collectives together.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -151,6 +152,13 @@ class Communicator {
   // thread while this Communicator object exists (not concurrently with its
   // destruction or a move).
   void abort();
+
+  // Sets this rank's timeout (Config::timeout, `timeout` > 0) for what
+  // waits from now on: ops that start after the call, the deadline checks
+  // of device ops in flight, and communicators split from this one. Safe
+  // from any thread. Throws Error(InvalidArgument) naming `timeout`.
+  void setTimeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const;
 
   int rank() const;
   int size() const;

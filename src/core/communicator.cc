@@ -415,7 +415,7 @@ Communicator Communicator::split(int color, int key) {
   Impl& impl = usable(impl_.get(), "split");
   if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "split inside a group");
   impl.waitForAsyncIdle();
-  net::Deadline deadline = deadlineAfter(impl.knobs.timeout);
+  net::Deadline deadline = deadlineAfter(impl.timeout());
 
   struct Entry {
     int32_t color;
@@ -472,7 +472,9 @@ Communicator Communicator::split(int color, int key) {
                         mix(static_cast<uint64_t>(static_cast<uint32_t>(color)) + 0x5851F42Dull));
   auto boot = bootstrap::Bootstrap::fromTable(std::move(*listener), std::move(table), newRank,
                                               secret, deadline);
-  return Communicator(std::make_unique<Impl>(std::move(boot), impl.knobs));
+  Knobs knobs = impl.knobs;
+  knobs.timeout = impl.timeout();  // as setTimeout() left it
+  return Communicator(std::make_unique<Impl>(std::move(boot), knobs));
 }
 
 void Communicator::abort() {
@@ -480,6 +482,23 @@ void Communicator::abort() {
   impl_->recordFailure(Error(ErrorCode::Aborted,
                              format("braid rank %d: the communicator was aborted", impl_->rank)));
   impl_->aborted.store(true);
+}
+
+void Communicator::setTimeout(std::chrono::milliseconds timeout) {
+  if (!impl_)
+    throw Error(ErrorCode::InvalidUsage, "braid: setTimeout() on an empty communicator handle");
+  if (timeout.count() <= 0)
+    fail(ErrorCode::InvalidArgument, impl_->rank,
+         format("setTimeout: argument 'timeout' is %lld ms; it must be positive",
+                static_cast<long long>(timeout.count())));
+  const auto year = std::chrono::milliseconds(std::chrono::hours(24 * 365));
+  impl_->timeoutMs.store(std::min(timeout, year).count(), std::memory_order_relaxed);
+}
+
+std::chrono::milliseconds Communicator::timeout() const {
+  if (!impl_)
+    throw Error(ErrorCode::InvalidUsage, "braid: timeout() on an empty communicator handle");
+  return impl_->timeout();
 }
 
 int Communicator::rank() const {

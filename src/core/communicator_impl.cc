@@ -55,6 +55,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       nranks(boot->size()),
       knobs(k),
       bootstrap(std::move(boot)),
+      timeoutMs(k.timeout.count()),
       sendSeq(nranks, 0),
       recvSeq(nranks, 0) {
   for (int t = 0; t < kNumDataTypes; ++t) {
@@ -181,7 +182,7 @@ void Communicator::Impl::setUpDevice() {
   for (const auto& [way, count] : ways)
     reach += format("%s%d over %s", reach.empty() ? "" : ", ", count, way.c_str());
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
-      *device, std::move(connections), rank, nranks, deviceIndex, knobs.timeout, aborted,
+      *device, std::move(connections), rank, nranks, deviceIndex, timeoutMs, aborted,
       [this](const Error& error, int blamed, bool timedOut) {
         recordFailure(error, blamed, timedOut);
       });

@@ -182,6 +182,14 @@ struct Communicator::Impl {
   // Per DataType: this communicator's plan shape, all but the count.
   std::array<algo::Shape, kNumDataTypes> shapes;
 
+  // The timeout of ops issued from now on: Config::timeout, or what
+  // setTimeout() made it since (milliseconds; the device executor's
+  // watchdog reads it too).
+  std::atomic<int64_t> timeoutMs;
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs.load(std::memory_order_relaxed));
+  }
+
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex
   mutable std::mutex failureMutex;

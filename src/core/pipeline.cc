@@ -83,7 +83,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   std::optional<Error> failure;
   try {
     throwIfFailed();
-    executor->run(lanes, count, knobs.timeout, aborted);
+    executor->run(lanes, count, timeout(), aborted);
   } catch (const Error& error) {
     failedToRun(error);
     failure = error;
@@ -268,7 +268,7 @@ int Communicator::Impl::awaitSender(size_t count, DataType type) {
   int peer = -1;
   try {
     throwIfFailed();
-    peer = executor->awaitSender(info, tags, kPointToPointAndNumber, nextAnySource, knobs.timeout,
+    peer = executor->awaitSender(info, tags, kPointToPointAndNumber, nextAnySource, timeout(),
                                  aborted);
   } catch (const Error& error) {
     failedToRun(error);

@@ -100,7 +100,7 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
                                impl.knobs,
                                impl.knobs.deviceSlotBytes,
                                impl.knobs.deviceSlots,
-                               deadlineAfter(impl.knobs.timeout),
+                               deadlineAfter(impl.timeout()),
                                impl.device,
                                impl.deviceIndex};
   std::vector<transport::PeerWindow> ranks;

@@ -30,14 +30,14 @@ constexpr size_t kScratchAlignment = 256;
 
 DeviceExecutor::DeviceExecutor(device::Device& device,
                                std::unique_ptr<transport::DeviceTransport> transport, int rank,
-                               int nranks, int deviceIndex, std::chrono::milliseconds timeout,
+                               int nranks, int deviceIndex, const std::atomic<int64_t>& timeoutMs,
                                const std::atomic<bool>& aborted, OnFailure onFailure)
     : device_(device),
       transport_(std::move(transport)),
       rank_(rank),
       nranks_(nranks),
       deviceIndex_(deviceIndex),
-      timeout_(timeout),
+      timeoutMs_(timeoutMs),
       aborted_(aborted),
       onFailure_(std::move(onFailure)),
       slotBytes_(transport_->slotBytes()),

@@ -92,7 +92,7 @@ class DeviceExecutor {
   using OnFailure = std::function<void(const Error&, int blamed, bool timedOut)>;
 
   DeviceExecutor(device::Device& device, std::unique_ptr<transport::DeviceTransport> transport,
-                 int rank, int nranks, int deviceIndex, std::chrono::milliseconds timeout,
+                 int rank, int nranks, int deviceIndex, const std::atomic<int64_t>& timeoutMs,
                  const std::atomic<bool>& aborted, OnFailure onFailure);
   // Waits until every op completed or failed (a stuck one fails at its
   // deadline), tells the peers this rank leaves, and frees everything.
@@ -242,7 +242,10 @@ class DeviceExecutor {
   const int rank_;
   const int nranks_;
   const int deviceIndex_;
-  const std::chrono::milliseconds timeout_;
+  const std::atomic<int64_t>& timeoutMs_;  // the communicator's, in force now
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
   const std::atomic<bool>& aborted_;
   OnFailure onFailure_;
   const size_t slotBytes_;

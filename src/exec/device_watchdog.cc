@@ -100,7 +100,7 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     if (!device_.query(head.begin)) return std::nullopt;  // still behind earlier work
     head.startedAt = now;
   }
-  if (now - *head.startedAt < timeout_) return std::nullopt;
+  if (now - *head.startedAt < timeout()) return std::nullopt;
   // Whom the stream waits for: its first wait that does not hold, in the
   // order they were lowered (a peer that is itself stuck may owe data too,
   // yet that is not what holds this rank).
@@ -152,7 +152,7 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     waitingFor_ = culprit;
   }
   if (!head.graceUntil)
-    head.graceUntil = now + std::min<Clock::duration>(timeout_ / 4, std::chrono::seconds(1));
+    head.graceUntil = now + std::min<Clock::duration>(timeout() / 4, std::chrono::seconds(1));
   if (now < *head.graceUntil) return std::nullopt;
   *blamed = culprit;
   const auto ms = static_cast<long long>(
