@@ -538,7 +538,13 @@ ProcessGroupBraid::ProcessGroupBraid(braid::Communicator comm,
       store_(std::move(store)),
       options_(std::move(options)),
       comm_(std::move(comm)),
-      calls_(std::make_shared<Calls>(comm_)) {}
+      calls_(std::make_shared<Calls>(comm_)) {
+  // split_group's timeout, where it gives one; else the parent's, inherited.
+  if (!options_)
+    options_ = c10::make_intrusive<Options>("braid", comm_.timeout());
+  else if (options_->timeout.count() > 0)
+    comm_.setTimeout(options_->timeout);
+}
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -578,6 +584,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();  // after every issued call ran (or failed)
+}
+
+void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
+  comm_.setTimeout(timeout);  // (CUDA's communicator, split later, inherits it)
+  if (cudaComm_) cudaComm_->setTimeout(timeout);
+  options_->timeout = timeout;
 }
 
 void ProcessGroupBraid::abort() {

@@ -249,6 +249,9 @@ class ProcessGroupBraid : public c10d::Backend {
   // The collectives issued on this group so far (point-to-point calls not
   // counted): the same on every rank that issued the same calls.
   uint64_t getSequenceNumberForGroup() override { return collectives_; }
+  // dist.set_timeout: the group's timeout from now on, for braid's ops
+  // (CPU and CUDA) and monitored_barrier's default.
+  void setTimeout(std::chrono::milliseconds timeout) override;
   // Fails the call running and every queued one with braid's Aborted
   // (torch.distributed's _abort_process_group), and the ops enqueued on
   // CUDA streams, whose streams go on; the group is done.
@@ -259,7 +262,7 @@ class ProcessGroupBraid : public c10d::Backend {
   // split_group: every rank of this group calls it, each with the ranks of
   // its new group (a rank in none with a list that leaves it out, and gets
   // null back). It runs braid's split in turn with the calls issued before
-  // it; the new group keeps this one's timeout (braid's split inherits it).
+  // it; the new group's timeout is the one `opts` gives.
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,

@@ -104,6 +104,17 @@ def test_errors(rank, size, gloo):
     dist.barrier()
     still_usable(rank, size, "another group's timeout")
 
+    # dist.set_timeout on a group that exists: the same, from then on.
+    longer = dist.new_group(timeout=timedelta(seconds=60))
+    dist.set_timeout(timedelta(seconds=2), group=longer)
+    if rank == 0:
+        start = time.monotonic()
+        raises(lambda: dist.all_reduce(torch.ones(3), group=longer), me, "(the timeout is 2000 ms)")
+        took = time.monotonic() - start
+        check(1.5 < took < 10, f"the group set to 2 s timed out after {took:.1f} s")
+    dist.barrier()
+    still_usable(rank, size, "a timeout set on a group")
+
 
 if __name__ == "__main__":
     main(test_errors, ranks_from_argv())
