@@ -229,6 +229,43 @@ TEST(SendRecv, RecvFromAnyBetweenCollectivesWhileEveryRankSendsAt3Ranks) {
   });
 }
 
+// A rank dies while rank 0 receives from any source: the rank that was
+// waiting for it gives up, and rank 0 fails at once naming the dead rank,
+// not at the timeout, though the rank that gave up has not left.
+TEST(PeerFailure, RecvFromAnyFailsNamingARankThatDiedWhileItWaited) {
+  RunOptions options;
+  options.config.timeout = std::chrono::seconds(60);
+  options.killed = {2};
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        requireUsable(comm);
+        float x = 0;
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(milliseconds(200));
+          ::raise(SIGKILL);
+        }
+        const auto start = steady_clock::now();
+        try {
+          if (comm.rank() == 1)
+            comm.recv(&x, 1, DataType::Float32, 2);
+          else
+            comm.recvFromAny(&x, 1, DataType::Float32);
+          require(false, "no error");
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          require(error.code() == ErrorCode::RemoteError, "expected RemoteError: " + what);
+          require(what.find("peer 2 ") != std::string::npos ||
+                      what.find("rank 2 failed") != std::string::npos,
+                  "the error does not name rank 2: " + what);
+        }
+        const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+        require(took < milliseconds(5000),
+                format("failed after %lld ms", static_cast<long long>(took.count())));
+      },
+      options);
+}
+
 TEST(BadInput, RecvFromAnyRefusesWhatItCannotMatchNamingItAndTheCommunicatorStaysUsable) {
   runRanks(2, [](Communicator& comm) {
     float x = 0;

@@ -409,7 +409,9 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
           }
           ++open;  // its messages of later ops come after this one
         } else if (in->peerClosed()) {
-          closed = peer;
+          // A peer that gave up on a failed rank: the communicator failed.
+          if (in->failedRank() >= 0) failClosed(info, peer, "waits for data from any rank");
+          closed = peer;  // (it may only have left: the others may still send)
         } else {
           ++open;
         }
