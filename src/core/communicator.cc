@@ -491,8 +491,7 @@ void Communicator::setTimeout(std::chrono::milliseconds timeout) {
     fail(ErrorCode::InvalidArgument, impl_->rank,
          format("setTimeout: argument 'timeout' is %lld ms; it must be positive",
                 static_cast<long long>(timeout.count())));
-  const auto year = std::chrono::milliseconds(std::chrono::hours(24 * 365));
-  impl_->timeoutMs.store(std::min(timeout, year).count(), std::memory_order_relaxed);
+  impl_->timeoutMs.store(std::min(timeout, kLongestTimeout).count(), std::memory_order_relaxed);
 }
 
 std::chrono::milliseconds Communicator::timeout() const {

@@ -279,8 +279,7 @@ Knobs Knobs::resolve(const Config& config) {
                       : parseDuration(lookup(knob("BRAID_TIMEOUT")).first, "BRAID_TIMEOUT");
   if (knobs.timeout.count() <= 0)
     throw Error(ErrorCode::InvalidArgument, "braid: BRAID_TIMEOUT must be positive");
-  // Deadlines are now + timeout on a nanosecond clock: keep far from overflow.
-  knobs.timeout = std::min<std::chrono::milliseconds>(knobs.timeout, std::chrono::hours(24 * 365));
+  knobs.timeout = std::min(knobs.timeout, kLongestTimeout);
   knobs.transports =
       config.transports.empty() ? lookup(knob("BRAID_TRANSPORT")).first : config.transports;
   knobs.socketIfname =

@@ -50,30 +50,34 @@ const char* transportUseName(TransportUse use);
 // `knob` otherwise.
 TransportUse parseTransportUse(const std::string& text, const char* knob);
 
+// The longest timeout a communicator takes (a longer one is cut to it):
+// deadlines are now + timeout on a nanosecond clock, kept far from overflow.
+constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
+
 // Effective values after Config, then the environment, then the defaults.
 // Throws Error(InvalidArgument) naming the knob when a value does not parse.
 struct Knobs {
-  std::chrono::milliseconds timeout;
-  std::string transports;    // comma-separated, empty = automatic
-  std::string socketIfname;  // empty = the interface that routes to the root
-  size_t chunkBytes;         // bytes per pipeline chunk of a collective step
-  size_t slotBytes;          // bytes per FIFO slot of a connection
-  int slots;                 // slots per FIFO
-  int sockets;               // BRAID_NSOCKS_PERTHREAD: sockets per tcp connection
-  size_t oneShotBytes;       // all-reduces up to this size use the one-shot plan
-  size_t directBytes;        // pieces from memAlloc memory at least this big go by reference
-  std::string algo;          // BRAID_ALGO as given (see tuning::AlgoPreference)
-  Tuning tuning;             // BRAID_TUNING
-  bool deterministic;        // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
-  bool dumpOnTimeout;        // BRAID_DUMP_ON_TIMEOUT=1: a timed-out op logs the hang report
-  bool debugCollectives;     // BRAID_DEBUG_COLLECTIVES=1: ranks compare every collective first
-  int device;                // Config::device: the communicator's device, -1 = the current one
-  size_t deviceSlotBytes;    // bytes per FIFO slot of a device connection
-  int deviceSlots;           // slots per device FIFO
-  bool deviceGraphs;         // BRAID_DEVICE_GRAPHS: set up the FIFOs of ops captured in graphs
-  size_t deviceChunkBytes;   // pipeline chunk of a device plan's step: half a device FIFO
-  TransportUse ucx;          // BRAID_UCX
-  TransportUse ibverbs;      // BRAID_IBVERBS
+  std::chrono::milliseconds timeout;  // at most kLongestTimeout
+  std::string transports;             // comma-separated, empty = automatic
+  std::string socketIfname;           // empty = the interface that routes to the root
+  size_t chunkBytes;                  // bytes per pipeline chunk of a collective step
+  size_t slotBytes;                   // bytes per FIFO slot of a connection
+  int slots;                          // slots per FIFO
+  int sockets;                        // BRAID_NSOCKS_PERTHREAD: sockets per tcp connection
+  size_t oneShotBytes;                // all-reduces up to this size use the one-shot plan
+  size_t directBytes;       // pieces from memAlloc memory at least this big go by reference
+  std::string algo;         // BRAID_ALGO as given (see tuning::AlgoPreference)
+  Tuning tuning;            // BRAID_TUNING
+  bool deterministic;       // BRAID_DETERMINISTIC=1: the algorithm never depends on timing
+  bool dumpOnTimeout;       // BRAID_DUMP_ON_TIMEOUT=1: a timed-out op logs the hang report
+  bool debugCollectives;    // BRAID_DEBUG_COLLECTIVES=1: ranks compare every collective first
+  int device;               // Config::device: the communicator's device, -1 = the current one
+  size_t deviceSlotBytes;   // bytes per FIFO slot of a device connection
+  int deviceSlots;          // slots per device FIFO
+  bool deviceGraphs;        // BRAID_DEVICE_GRAPHS: set up the FIFOs of ops captured in graphs
+  size_t deviceChunkBytes;  // pipeline chunk of a device plan's step: half a device FIFO
+  TransportUse ucx;         // BRAID_UCX
+  TransportUse ibverbs;     // BRAID_IBVERBS
 
   static Knobs resolve(const Config& config);
   static std::vector<KnobValue> describe(const Config& config);
