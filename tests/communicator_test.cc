@@ -207,11 +207,11 @@ TEST(SendRecv, RecvFromAnyBetweenCollectivesWhileEveryRankSendsAt3Ranks) {
     const int n = comm.size(), r = comm.rank();
     for (int round = 0; round < 20; ++round) {
       requireUsable(comm);
+      const int64_t sent = r * 100 + round;  // read at groupEnd, so it outlives the loop below
       comm.groupStart();  // (a blocking send to a rank that is itself sending could wait)
       for (int k = 1; k < n; ++k) {
         const int to = (r + (round % 2 ? k : n - k)) % n;
-        const int64_t value = r * 100 + round;
-        comm.send(&value, 1, DataType::Int64, to);
+        comm.send(&sent, 1, DataType::Int64, to);
       }
       comm.groupEnd();
       std::vector<bool> seen(static_cast<size_t>(n), false);
