@@ -91,10 +91,10 @@ void ProxiedDeviceTransport::poll(std::vector<PeerNotice>* notices) {
   heard_.clear();
 }
 
-void ProxiedDeviceTransport::announceFailure(int failedRank, bool timedOut) {
+void ProxiedDeviceTransport::announceFailure(int failedRank, GiveUpReason reason) {
   std::unique_lock<std::mutex> lock(mutex_);
   quiet_ = true;  // the streams were released: nothing they write means anything now
-  for (ProxyLink* link : links_) queueFailure(*link, failedRank, timedOut);
+  for (ProxyLink* link : links_) queueFailure(*link, failedRank, reason);
   lock.unlock();
   wake();
   // A peer trusts this rank's released streams only once it heard that

@@ -79,7 +79,7 @@ class ProxiedDeviceTransport : public DeviceTransport {
   }
   void enqueued() override;
   void poll(std::vector<PeerNotice>* notices) override;
-  void announceFailure(int failedRank, bool timedOut) override;
+  void announceFailure(int failedRank, GiveUpReason reason) override;
   void sayGoodbye() override;
   void keepMemory() override { kept_ = true; }
   void announceWaitingFor(int rank) override;
@@ -110,7 +110,7 @@ class ProxiedDeviceTransport : public DeviceTransport {
   // Whether the link's socket is still worth polling.
   virtual bool listening(const ProxyLink& link) const { return !link.closed; }
   // Queue a side-channel word on `link` (sent by a later turn()).
-  virtual void queueFailure(ProxyLink& link, int failedRank, bool timedOut) = 0;
+  virtual void queueFailure(ProxyLink& link, int failedRank, GiveUpReason reason) = 0;
   virtual void queueWaitingFor(ProxyLink& link, int rank) = 0;
 
   void wake();

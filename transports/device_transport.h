@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "transports/transport.h"
+
 namespace braid::transport {
 
 struct DeviceFifo {
@@ -63,12 +65,12 @@ struct PeerWindow {
 // What a peer said (or did) on the transport's side channel.
 struct PeerNotice {
   int peer = -1;
-  int waitsFor = -1;      // not closed: the peer said it is stuck waiting for this rank
-  bool closed = false;    // the peer left: it exited, died, gave up or destroyed its communicator
-  bool goodbye = false;   // ...after saying it leaves with all its device work done
-  bool gaveUp = false;    // ...after saying it gave up (failed or aborted)
-  int failedRank = -1;    // the rank it blamed when it gave up, or -1
-  bool timedOut = false;  // it gave up because failedRank stopped answering
+  int waitsFor = -1;     // not closed: the peer said it is stuck waiting for this rank
+  bool closed = false;   // the peer left: it exited, died, gave up or destroyed its communicator
+  bool goodbye = false;  // ...after saying it leaves with all its device work done
+  bool gaveUp = false;   // ...after saying it gave up (failed or aborted)
+  int failedRank = -1;   // the rank it blamed when it gave up, or -1
+  GiveUpReason reason = GiveUpReason::Failed;  // ...and why
 };
 
 // One per communicator that uses device memory. Used by the device
@@ -95,9 +97,9 @@ class DeviceTransport {
   // waiting: peers that closed or gave up (each reported once) and what
   // peers said they wait for.
   virtual void poll(std::vector<PeerNotice>* notices) = 0;
-  // Tells every peer this rank gives up because `failedRank` failed (-1:
-  // another reason) or stopped answering (`timedOut`). Best effort.
-  virtual void announceFailure(int failedRank, bool timedOut) = 0;
+  // Tells every peer this rank gives up because of `failedRank` (-1:
+  // another reason), for `reason`. Best effort.
+  virtual void announceFailure(int failedRank, GiveUpReason reason) = 0;
   // Tells every peer this rank leaves with all its device work done.
   virtual void sayGoodbye() = 0;
   // The device broke and its streams may still use the FIFO memory: the

@@ -30,6 +30,12 @@ namespace braid::transport {
 
 using Clock = std::chrono::steady_clock;
 
+// Why a rank gave up on its communicator, said with the rank it names
+// (Transport::announceFailure): that rank failed, stopped answering (this
+// rank timed out waiting for it), or revoked the communicator. The values
+// travel between ranks.
+enum class GiveUpReason : uint32_t { Failed = 0, TimedOut = 1, Revoked = 2 };
+
 struct Message {
   const std::byte* data = nullptr;
   uint32_t bytes = 0;
@@ -90,8 +96,8 @@ class Connection {
   // Once peerClosed(): the rank the peer named as failed when it gave up
   // (Transport::announceFailure), or -1 when the peer closed or died itself.
   virtual int failedRank() const { return -1; }
-  // Whether the peer gave up because it timed out waiting for failedRank().
-  virtual bool peerTimedOut() const { return false; }
+  // Why the peer gave up on failedRank().
+  virtual GiveUpReason peerReason() const { return GiveUpReason::Failed; }
   // The rank the peer last said it is stuck waiting for
   // (Transport::announceWaitingFor), or -1.
   virtual int peerWaitsFor() const { return -1; }
@@ -134,12 +140,14 @@ class Transport {
   // Blocks until progress() might move something (anything changed since
   // prepareToWait()), or until `until`.
   virtual void waitForActivity(Clock::time_point until) = 0;
-  // This rank gives up on the communicator because rank `failedRank` failed
-  // (-1: for another reason), or stopped answering (`timedOut`): every peer
-  // sees its connection closed, with failedRank() and peerTimedOut() saying
-  // why, so that each can name the rank to blame. Best effort and quick;
-  // nothing is sent on these connections afterwards.
-  virtual void announceFailure(int failedRank, bool timedOut) { (void)failedRank, (void)timedOut; }
+  // This rank gives up on the communicator because of rank `failedRank`
+  // (-1: for another reason), for `reason`: every peer sees its connection
+  // closed, with failedRank() and peerReason() saying why, so that each
+  // can name the rank to blame. Best effort and quick; nothing is sent on
+  // these connections afterwards.
+  virtual void announceFailure(int failedRank, GiveUpReason reason) {
+    (void)failedRank, (void)reason;
+  }
   // This rank's op is past its deadline waiting for `rank` (-1: it no
   // longer waits): tells every peer, without closing anything, so that a
   // rank stuck waiting for this one can follow the chain of waits to the

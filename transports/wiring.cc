@@ -143,8 +143,8 @@ class CombinedDeviceTransport final : public DeviceTransport {
   void poll(std::vector<PeerNotice>* notices) override {
     for (auto& part : parts_) part->poll(notices);
   }
-  void announceFailure(int failedRank, bool timedOut) override {
-    for (auto& part : parts_) part->announceFailure(failedRank, timedOut);
+  void announceFailure(int failedRank, GiveUpReason reason) override {
+    for (auto& part : parts_) part->announceFailure(failedRank, reason);
   }
   void sayGoodbye() override {
     for (auto& part : parts_) part->sayGoodbye();

@@ -14,6 +14,7 @@ enum class ErrorCode : int {
   Timeout = 5,          // a wait passed Config::timeout; sticky
   Aborted = 6,          // abort() was called; sticky
   Internal = 7,         // a braid bug or a protocol violation; sticky
+  Revoked = 8,          // a rank revoked the communicator (revoke()); sticky
 };
 
 const char* errorCodeName(ErrorCode code);

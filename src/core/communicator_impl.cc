@@ -183,8 +183,8 @@ void Communicator::Impl::setUpDevice() {
     reach += format("%s%d over %s", reach.empty() ? "" : ", ", count, way.c_str());
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
       *device, std::move(connections), rank, nranks, deviceIndex, timeoutMs, aborted,
-      [this](const Error& error, int blamed, bool timedOut) {
-        recordFailure(error, blamed, timedOut);
+      [this](const Error& error, int blamed, transport::GiveUpReason reason) {
+        recordFailure(error, blamed, reason);
       });
   // The FIFOs of ops captured into CUDA graphs, made now, with every rank
   // (at a capture some ranks may capture nothing).
@@ -212,12 +212,13 @@ void Communicator::Impl::throwIfFailed() const {
                                         failure->what()));
 }
 
-void Communicator::Impl::recordFailure(const Error& error, int blamed, bool timedOut) {
+void Communicator::Impl::recordFailure(const Error& error, int blamed,
+                                       transport::GiveUpReason reason) {
   std::lock_guard<std::mutex> lock(failureMutex);
   if (!failure) {
     failure = error;
     failureBlames = blamed;
-    failureTimedOut = timedOut;
+    failureReason = reason;
   }
   failed.store(true, std::memory_order_release);
 }
@@ -225,13 +226,13 @@ void Communicator::Impl::recordFailure(const Error& error, int blamed, bool time
 void Communicator::Impl::giveUp(int blamed) {
   if (gaveUp) return;
   gaveUp = true;
-  bool timedOut = executor->blamedTimedOut();
+  transport::GiveUpReason reason = executor->blamedReason();
   if (blamed < 0) {  // the failure came from elsewhere first (the device path)
     std::lock_guard<std::mutex> lock(failureMutex);
     blamed = failureBlames;
-    timedOut = failureTimedOut;
+    reason = failureReason;
   }
-  for (auto& transport : wiring.transports) transport->announceFailure(blamed, timedOut);
+  for (auto& transport : wiring.transports) transport->announceFailure(blamed, reason);
 }
 
 void Communicator::Impl::dropGroup(const Error& error) {

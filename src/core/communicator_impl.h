@@ -162,8 +162,9 @@ struct Communicator::Impl {
   // Throws the sticky failure, if any (every later op fails fast with it).
   void throwIfFailed() const;
   // Makes `error` the sticky failure unless there is one; `blamed` and
-  // `timedOut`, where known, say whom giveUp() names.
-  void recordFailure(const Error& error, int blamed = -1, bool timedOut = false);
+  // `reason`, where known, say whom giveUp() names and why.
+  void recordFailure(const Error& error, int blamed = -1,
+                     transport::GiveUpReason reason = transport::GiveUpReason::Failed);
   // After a failed op: every peer is told this rank is out because of rank
   // `blamed` (-1: unknown), once, so that each fails at once and names it.
   void giveUp(int blamed);
@@ -194,8 +195,8 @@ struct Communicator::Impl {
   std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex
   mutable std::mutex failureMutex;
   std::optional<Error> failure;  // the first sticky error
-  int failureBlames = -1;        // ...and whom it blamed
-  bool failureTimedOut = false;
+  int failureBlames = -1;        // ...and whom it blamed, why
+  transport::GiveUpReason failureReason = transport::GiveUpReason::Failed;
 
   // Collectives issued, the same on every rank; and collectives completed
   // here (the sequence number after the last). Written by the threads that

@@ -43,6 +43,8 @@ const char* errorCodeName(ErrorCode code) {
       return "aborted";
     case ErrorCode::Internal:
       return "internal error";
+    case ErrorCode::Revoked:
+      return "revoked";
   }
   return "unknown error";
 }

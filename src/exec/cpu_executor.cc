@@ -254,8 +254,14 @@ bool Executor::advance(Lane& lane) {
 void Executor::failClosed(const OpInfo& info, int peer, const char* doing) {
   const int failed = wiring_.connections[peer]->failedRank();
   blamed_ = failed >= 0 ? failed : peer;
-  blamedTimedOut_ = failed >= 0 && wiring_.connections[peer]->peerTimedOut();
-  if (blamedTimedOut_)
+  blamedReason_ =
+      failed >= 0 ? wiring_.connections[peer]->peerReason() : transport::GiveUpReason::Failed;
+  if (failed >= 0 && blamedReason_ == transport::GiveUpReason::Revoked)
+    fail(ErrorCode::Revoked, rank_,
+         format("%s: rank %d revoked the communicator (peer %d closed its connection saying so) "
+                "while this rank %s",
+                info.describe().c_str(), failed, peer, doing));
+  if (blamedReason_ == transport::GiveUpReason::TimedOut)
     fail(ErrorCode::Timeout, rank_,
          format("%s: rank %d stopped answering: peer %d timed out waiting for it and gave up, "
                 "while this rank %s",
@@ -363,7 +369,8 @@ void Executor::failStalled(const Lane* lanes, size_t count, Clock::duration wait
                                     lane->step + 1, steps, wait.peer);
   }
   blamed_ = wait.peer;
-  blamedTimedOut_ = wait.peer >= 0;
+  blamedReason_ =
+      wait.peer >= 0 ? transport::GiveUpReason::TimedOut : transport::GiveUpReason::Failed;
   const auto ms =
       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
   // (The wait runs a grace past the timeout, for the ranks to tell each
@@ -389,7 +396,7 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
                           const std::atomic<bool>& aborted) {
   const int n = static_cast<int>(tags.size());
   blamed_ = -1;
-  blamedTimedOut_ = false;
+  blamedReason_ = transport::GiveUpReason::Failed;
   activity_.begin(info);
   Clock::time_point start{}, deadline{};
   bool armed = false;
@@ -465,7 +472,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
   bool inGrace = false;
   lent_.clear();  // a failed op's leftovers: its peers failed too
   blamed_ = -1;
-  blamedTimedOut_ = false;
+  blamedReason_ = transport::GiveUpReason::Failed;
   // Each lane's scratch: kScratchBytes, or what its plan asks for. The area
   // only grows, so a repeated op allocates nothing.
   size_t need = 0;

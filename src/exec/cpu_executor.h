@@ -111,8 +111,9 @@ class Executor {
   // After run() threw: the rank to blame (the peer that failed, or the one a
   // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
   int blamedRank() const { return blamed_; }
-  // Whether the blamed rank stopped answering (a timeout), rather than failed.
-  bool blamedTimedOut() const { return blamedTimedOut_; }
+  // Why: the blamed rank failed, stopped answering (a timeout) or revoked
+  // the communicator.
+  transport::GiveUpReason blamedReason() const { return blamedReason_; }
 
   // Runs every lane to completion and waits until this rank's messages are
   // on their way. Throws braid::Error whose message names this rank, the
@@ -201,7 +202,7 @@ class Executor {
   uint64_t piecesSentByReference_ = 0;
   Activity activity_;
   int blamed_ = -1;
-  bool blamedTimedOut_ = false;
+  transport::GiveUpReason blamedReason_ = transport::GiveUpReason::Failed;
   int waitingFor_ = -1;  // the rank this rank last told its peers it waits for
 };
 

@@ -71,7 +71,7 @@ DeviceExecutor::~DeviceExecutor() {
   changed_.wait(lock, [&] { return ops_.empty(); });
   // An aborted communicator's peers must not wait for it: they fail.
   if (failure_ || aborted_.load(std::memory_order_relaxed))
-    transport_->announceFailure(-1, false);
+    transport_->announceFailure(-1, transport::GiveUpReason::Failed);
   else
     transport_->sayGoodbye();
   // Graph replays may still be queued: after a failure they are released
@@ -182,7 +182,7 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
     Error failed(known ? known->code() : ErrorCode::Internal,
                  format("braid rank %d: %s: enqueueing on the device failed: %s", rank_,
                         op.info.describe().c_str(), error.what()));
-    failAll(failed, -1, false);
+    failAll(failed, -1, transport::GiveUpReason::Failed);
     try {
       if (sends_) {  // part of a group's sends may be there: the end waits for them too
         device::EventHandle join = takeEvent();
@@ -287,7 +287,7 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
     Error failed(known ? known->code() : ErrorCode::Internal,
                  format("braid rank %d: %s: capturing into a CUDA graph failed: %s", rank_,
                         what.c_str(), error.what()));
-    failAll(failed, -1, false);
+    failAll(failed, -1, transport::GiveUpReason::Failed);
     lock.unlock();
     changed_.notify_all();
     throw failed;

@@ -87,9 +87,8 @@ class DeviceExecutor {
   // shared between threads).
   using Done = std::function<void(const Error*)>;
   // Called once, from the thread that first saw it, with the sticky error
-  // and whom it blames (-1: nobody; `timedOut`: a peer that stopped
-  // answering rather than one that failed).
-  using OnFailure = std::function<void(const Error&, int blamed, bool timedOut)>;
+  // and whom it blames (-1: nobody) for which reason.
+  using OnFailure = std::function<void(const Error&, int blamed, transport::GiveUpReason reason)>;
 
   DeviceExecutor(device::Device& device, std::unique_ptr<transport::DeviceTransport> transport,
                  int rank, int nranks, int deviceIndex, const std::atomic<int64_t>& timeoutMs,
@@ -218,9 +217,9 @@ class DeviceExecutor {
   // Completes every op with the failure, without the device (it broke).
   void abandonOps(std::unique_lock<std::mutex>& lock);
   // Fails every outstanding op with `error` (once), announcing it to the
-  // peers; `blamed` and `timedOut` say whom they should name. Also called
+  // peers; `blamed` and `reason` say whom they should name. Also called
   // by a failed enqueue (mutex_ held there too).
-  void failAll(const Error& error, int blamed, bool timedOut);
+  void failAll(const Error& error, int blamed, transport::GiveUpReason reason);
   // RemoteError when the head op waits for a peer that left cleanly: all
   // it will ever write has been written, so what is missing never comes.
   std::optional<Error> checkDeparted(const Op& head, int* blamed);

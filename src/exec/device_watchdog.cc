@@ -76,11 +76,16 @@ void DeviceExecutor::releaseGraphWaits() { device_.writeFlagNow(graphs_.abort, 1
 Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
   const std::string op =
       ops_.empty() ? std::string("device ops") : ops_.front().info.describe() + " on the device";
+  const bool timedOut = notice.reason == transport::GiveUpReason::TimedOut;
+  if (notice.failedRank >= 0 && notice.reason == transport::GiveUpReason::Revoked)
+    return Error(ErrorCode::Revoked,
+                 format("braid rank %d: %s: rank %d revoked the communicator (peer %d said so)",
+                        rank_, op.c_str(), notice.failedRank, notice.peer));
   if (notice.failedRank == rank_)
-    return Error(notice.timedOut ? ErrorCode::Timeout : ErrorCode::RemoteError,
+    return Error(timedOut ? ErrorCode::Timeout : ErrorCode::RemoteError,
                  format("braid rank %d: %s: peer %d gave up %s this rank", rank_, op.c_str(),
-                        notice.peer, notice.timedOut ? "timed out waiting for" : "blaming"));
-  if (notice.failedRank >= 0 && notice.timedOut)
+                        notice.peer, timedOut ? "timed out waiting for" : "blaming"));
+  if (notice.failedRank >= 0 && timedOut)
     return Error(ErrorCode::Timeout,
                  format("braid rank %d: %s: rank %d stopped answering: peer %d timed out waiting "
                         "for it and gave up",
@@ -194,13 +199,13 @@ std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) 
   return std::nullopt;
 }
 
-void DeviceExecutor::failAll(const Error& error, int blamed, bool timedOut) {
+void DeviceExecutor::failAll(const Error& error, int blamed, transport::GiveUpReason reason) {
   if (failure_) return;
   failure_ = error;
   BRAID_WARN(Exec, "%s", error.what());
   // Peers hear it before this rank's streams move again (see watch()).
-  transport_->announceFailure(blamed, timedOut);
-  onFailure_(error, blamed, timedOut);
+  transport_->announceFailure(blamed, reason);
+  onFailure_(error, blamed, reason);
 }
 
 void DeviceExecutor::watch() {
@@ -222,7 +227,7 @@ void DeviceExecutor::watch() {
       if (!lock.owns_lock()) lock.lock();
       failAll(
           Error(error.code(), format("braid rank %d: the device failed: %s", rank_, error.what())),
-          -1, false);
+          -1, transport::GiveUpReason::Failed);
       if (++brokenTurns_ > 3) abandonOps(lock);
       std::this_thread::sleep_for(kIdleTurn);
     }
@@ -263,7 +268,7 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
   for (const transport::PeerNotice& notice : notices_) {
     if (notice.gaveUp)
       failAll(peerError(notice), notice.failedRank >= 0 ? notice.failedRank : notice.peer,
-              notice.timedOut);
+              notice.reason);
     else if (const std::string broke = notice.closed ? transport_->whyBroken(notice.peer) : "";
              !broke.empty())
       failAll(
@@ -271,7 +276,7 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
                 format("braid rank %d: %s on the device: the connection to peer %d broke: %s",
                        rank_, ops_.empty() ? "device ops" : ops_.front().info.describe().c_str(),
                        notice.peer, broke.c_str())),
-          notice.peer, false);
+          notice.peer, transport::GiveUpReason::Failed);
     else if (notice.closed)
       departed_.push_back({notice.peer, notice.goodbye});
     // A graph may replay any time: a peer that died fails the communicator
@@ -281,19 +286,21 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
                     format("braid rank %d: device ops: peer %d closed its connection (it exited "
                            "or died) while ops of this communicator are captured in CUDA graphs",
                            rank_, notice.peer)),
-              notice.peer, false);
+              notice.peer, transport::GiveUpReason::Failed);
   }
   if (!failure_ && aborted_.load(std::memory_order_relaxed))
     failAll(Error(ErrorCode::Aborted,
                   format("braid rank %d: %s: the communicator was aborted", rank_,
                          ops_.empty() ? "device ops" : ops_.front().info.describe().c_str())),
-            -1, false);
+            -1, transport::GiveUpReason::Failed);
   if (!failure_ && passed < ops_.size()) {
     int blamed = -1;
     if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
-      failAll(*late, blamed, blamed >= 0 && late->code() == ErrorCode::Timeout);
+      failAll(*late, blamed,
+              blamed >= 0 && late->code() == ErrorCode::Timeout ? transport::GiveUpReason::TimedOut
+                                                                : transport::GiveUpReason::Failed);
     else if (std::optional<Error> orphaned = checkDeparted(ops_[passed], &blamed))
-      failAll(*orphaned, blamed, false);
+      failAll(*orphaned, blamed, transport::GiveUpReason::Failed);
   }
   if (failure_) {
     // Every op fails, those the stream passed meanwhile too; the waits

@@ -33,6 +33,7 @@ ncclResult_t resultOf(ErrorCode code) {
       return ncclInvalidArgument;
     case ErrorCode::InvalidUsage:
     case ErrorCode::Aborted:
+    case ErrorCode::Revoked:  // as NCCL's calls on a revoked communicator
       return ncclInvalidUsage;
     case ErrorCode::SystemError:
       return ncclSystemError;

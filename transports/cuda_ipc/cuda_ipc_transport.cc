@@ -31,7 +31,7 @@ struct Notice {
   enum Kind : int32_t { Failure = 1, Goodbye = 2, WaitingFor = 3 };
   int32_t kind;
   int32_t failedRank;
-  int32_t timedOut;
+  int32_t reason;  // Failure: a GiveUpReason
 };
 
 // What each rank tells the others at set-up.
@@ -259,8 +259,8 @@ class CudaIpcTransport final : public DeviceTransport {
       if (fds_[i].revents != 0) readNotices(owners_[i], notices);
   }
 
-  void announceFailure(int failedRank, bool timedOut) override {
-    tell({Notice::Failure, failedRank, timedOut ? 1 : 0});
+  void announceFailure(int failedRank, GiveUpReason reason) override {
+    tell({Notice::Failure, failedRank, static_cast<int32_t>(reason)});
   }
   void sayGoodbye() override { tell({Notice::Goodbye, -1, 0}); }
   void announceWaitingFor(int rank) override { tell({Notice::WaitingFor, rank, 0}); }
@@ -282,7 +282,7 @@ class CudaIpcTransport final : public DeviceTransport {
     bool reported = false;  // its closing was reported by poll()
     bool goodbye = false;
     int failedRank = -1;
-    bool timedOut = false;
+    GiveUpReason reason = GiveUpReason::Failed;
     int waitsFor = -1;                  // what the peer last said it waits for
     std::byte partial[sizeof(Notice)];  // a notice still arriving
     size_t have = 0;
@@ -298,7 +298,7 @@ class CudaIpcTransport final : public DeviceTransport {
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (got <= 0) {  // closed (or reset): reported once, with what it said before
         peer.reported = true;
-        notices->push_back({rank, -1, true, peer.goodbye, false, -1, false});
+        notices->push_back({rank, -1, true, peer.goodbye, false, -1});
         return;
       }
       peer.have += static_cast<size_t>(got);
@@ -310,13 +310,13 @@ class CudaIpcTransport final : public DeviceTransport {
         peer.goodbye = true;
       } else if (said.kind == Notice::WaitingFor) {
         peer.waitsFor = said.failedRank;
-        notices->push_back({rank, peer.waitsFor, false, false, false, -1, false});
+        notices->push_back({rank, peer.waitsFor, false, false, false, -1});
       } else if (said.kind == Notice::Failure) {
         // Reported as a close: the peer sends nothing more that matters.
         peer.failedRank = said.failedRank;
-        peer.timedOut = said.timedOut != 0;
+        peer.reason = static_cast<GiveUpReason>(said.reason);
         peer.reported = true;
-        notices->push_back({rank, -1, true, false, true, peer.failedRank, peer.timedOut});
+        notices->push_back({rank, -1, true, false, true, peer.failedRank, peer.reason});
         return;
       }
     }

@@ -124,7 +124,7 @@ class IbConnection final : public Connection {
   bool flushed() const override;
   bool peerClosed() const override { return control_.peerClosed(); }
   int failedRank() const override { return control_.failedRank(); }
-  bool peerTimedOut() const override { return control_.peerTimedOut(); }
+  GiveUpReason peerReason() const override { return control_.peerReason(); }
   int peerWaitsFor() const override { return control_.peerWaitsFor(); }
   std::vector<uint64_t> stripePosts() const override;
 

@@ -38,8 +38,8 @@ size_t linkOf(uint64_t id) { return static_cast<size_t>(id & ((uint64_t{1} << 56
 struct Frame {
   enum Kind : uint32_t { Goodbye = 1, Failure = 2, WaitingFor = 3 };
   uint32_t kind = 0;
-  int32_t value = 0;      // Failure: the rank blamed; WaitingFor: the rank
-  uint32_t timedOut = 0;  // Failure: 1 when the sender timed out
+  int32_t value = 0;    // Failure: the rank blamed; WaitingFor: the rank
+  uint32_t reason = 0;  // Failure: why the sender gave up (a GiveUpReason)
   uint32_t reserved = 0;
   uint64_t sent = 0;  // Goodbye: the messages this rank sent the peer
 };
@@ -364,11 +364,11 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
 
   // ---- The proxy thread (mutex_ held).
 
-  void queueFailure(ProxyLink& link, int failedRank, bool timedOut) override {
+  void queueFailure(ProxyLink& link, int failedRank, GiveUpReason reason) override {
     Frame frame;
     frame.kind = Frame::Failure;
     frame.value = failedRank;
-    frame.timedOut = timedOut ? 1 : 0;
+    frame.reason = static_cast<uint32_t>(reason);
     queue(static_cast<Link&>(link), frame);
   }
 
@@ -622,11 +622,12 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
         return true;
       case Frame::WaitingFor:
         link.waitsFor = frame.value;
-        heard_.push_back({link.peer, frame.value, false, false, false, -1, false});
+        heard_.push_back({link.peer, frame.value, false, false, false, -1});
         return true;
       case Frame::Failure:  // reported as a close: nothing the peer sends matters now
         link.closing = link.closed = true;
-        heard_.push_back({link.peer, -1, true, false, true, frame.value, frame.timedOut != 0});
+        heard_.push_back({link.peer, -1, true, false, true, frame.value,
+                          static_cast<GiveUpReason>(frame.reason)});
         return false;
       default:
         BRAID_WARN(Exec, "braid rank %d: ibverbs: rank %d sent a device word braid does not know",
@@ -660,7 +661,7 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
         Clock::now() - link.closingSince < kArrivalWait)
       return false;
     link.closed = true;
-    heard_.push_back({link.peer, -1, true, link.goodbye, false, -1, false});
+    heard_.push_back({link.peer, -1, true, link.goodbye, false, -1});
     return true;
   }
 

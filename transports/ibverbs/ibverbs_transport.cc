@@ -120,8 +120,8 @@ class IbTransport final : public Transport {
     backend_->waitCq(cq_, std::min(until, Clock::now() + kWaitSlice));
   }
 
-  void announceFailure(int failedRank, bool timedOut) override {
-    control_->announceFailure(failedRank, timedOut);
+  void announceFailure(int failedRank, GiveUpReason reason) override {
+    control_->announceFailure(failedRank, reason);
   }
   void announceWaitingFor(int rank) override { control_->announceWaitingFor(rank); }
 

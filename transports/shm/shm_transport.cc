@@ -98,7 +98,7 @@ struct SegmentHeader {
   int32_t probeFd;                  // an fd the owner holds open while peers connect (see create)
   std::atomic<uint32_t> closed;     // set when the owner destroyed its transport or gave up
   std::atomic<int32_t> failedRank;  // whom the owner blamed when it gave up (-1: nobody)
-  std::atomic<uint32_t> timedOut;   // 1: the owner gave up waiting for failedRank
+  std::atomic<uint32_t> reason;     // why: a GiveUpReason
   std::atomic<int32_t> waitingFor;  // the rank the owner is stuck waiting for (-1: none)
   // The owner sleeps on `doorbell` with `sleeping` set; whoever changes one
   // of the owner's FIFOs and sees `sleeping` bumps the doorbell and wakes it.
@@ -322,8 +322,8 @@ class ShmConnection final : public Connection {
   int failedRank() const override {
     return peerHeader_->failedRank.load(std::memory_order_acquire);
   }
-  bool peerTimedOut() const override {
-    return peerHeader_->timedOut.load(std::memory_order_acquire) != 0;
+  GiveUpReason peerReason() const override {
+    return static_cast<GiveUpReason>(peerHeader_->reason.load(std::memory_order_acquire));
   }
   int peerWaitsFor() const override {
     return peerHeader_->waitingFor.load(std::memory_order_acquire);
@@ -441,9 +441,9 @@ class ShmTransport final : public Transport {
     closeProbe();
   }
 
-  void announceFailure(int failedRank, bool timedOut) override {
+  void announceFailure(int failedRank, GiveUpReason reason) override {
     if (SegmentHeader* mine = own_.header()) {
-      mine->timedOut.store(timedOut ? 1 : 0, std::memory_order_relaxed);
+      mine->reason.store(static_cast<uint32_t>(reason), std::memory_order_relaxed);
       mine->failedRank.store(failedRank, std::memory_order_release);
     }
     close();

@@ -26,7 +26,7 @@ struct Frame {
   enum Kind : uint32_t { Data = 1, Credit = 2, Goodbye = 3, Failure = 4, WaitingFor = 5 };
   uint32_t kind = 0;
   uint32_t tag = 0;    // Data: the op's tag
-  uint32_t bytes = 0;  // Data: the payload's length; Failure: 1 when the sender timed out
+  uint32_t bytes = 0;  // Data: the payload's length; Failure: why (a GiveUpReason)
   int32_t value = 0;   // Credit: the counter; Failure: the rank blamed; WaitingFor: the rank
 };
 
@@ -130,11 +130,11 @@ class TcpDeviceTransport final : public ProxiedDeviceTransport {
 
   // ---- The proxy thread (mutex_ held).
 
-  void queueFailure(ProxyLink& link, int failedRank, bool timedOut) override {
+  void queueFailure(ProxyLink& link, int failedRank, GiveUpReason reason) override {
     Frame frame;
     frame.kind = Frame::Failure;
     frame.value = failedRank;
-    frame.bytes = timedOut ? 1 : 0;
+    frame.bytes = static_cast<uint32_t>(reason);
     static_cast<Link&>(link).outbox.push_back(frame);
   }
 
@@ -220,11 +220,12 @@ class TcpDeviceTransport final : public ProxiedDeviceTransport {
         return true;
       case Frame::WaitingFor:
         link.waitsFor = frame.value;
-        heard_.push_back({link.peer, frame.value, false, false, false, -1, false});
+        heard_.push_back({link.peer, frame.value, false, false, false, -1});
         return true;
       case Frame::Failure:  // reported as a close: nothing the peer sends matters now
         link.closed = true;
-        heard_.push_back({link.peer, -1, true, false, true, frame.value, frame.bytes != 0});
+        heard_.push_back({link.peer, -1, true, false, true, frame.value,
+                          static_cast<GiveUpReason>(frame.bytes)});
         return false;
       default:
         lost(link, "sent a frame braid does not know");
@@ -235,7 +236,7 @@ class TcpDeviceTransport final : public ProxiedDeviceTransport {
   void lost(Link& link, const char* why) {
     if (!link.goodbye) BRAID_DEBUG(Exec, "tcp: device connection to rank %d: %s", link.peer, why);
     link.closed = true;
-    heard_.push_back({link.peer, -1, true, link.goodbye, false, -1, false});
+    heard_.push_back({link.peer, -1, true, link.goodbye, false, -1});
   }
 
   // The next frame to send: side-channel words first, then credit, then

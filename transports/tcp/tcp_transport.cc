@@ -30,12 +30,13 @@ struct FrameHeader {
 };
 // A header whose `bytes` has this bit carries a word from the sender instead
 // of data, about the rank in the other bits (all ones: none). Its tag says
-// which: the sender gives up because that rank failed (kFailed) or stopped
-// answering (kTimedOut), and this is its last word; or the sender is stuck
-// waiting for that rank and goes on waiting (kWaitingFor).
+// which: the sender gives up because that rank failed (kFailed), stopped
+// answering (kTimedOut) or revoked the communicator (kRevoked), and this
+// is its last word; or the sender is stuck waiting for that rank and goes
+// on waiting (kWaitingFor).
 constexpr uint32_t kWord = 0x80000000u;
 constexpr uint32_t kNoRank = ~kWord;
-enum Word : uint32_t { kFailed = 0, kTimedOut = 1, kWaitingFor = 2 };
+enum Word : uint32_t { kFailed = 0, kTimedOut = 1, kWaitingFor = 2, kRevoked = 3 };
 
 // One socket of a connection: it carries the messages m with m % sockets
 // == its index, in order, as [header | payload] frames (so a step's pieces
@@ -93,7 +94,7 @@ class TcpConnection final : public Connection {
   // closed.
   bool peerClosed() const override { return streams_[recvFilled_ % streams_.size()].closed; }
   int failedRank() const override { return failedRank_; }
-  bool peerTimedOut() const override { return peerTimedOut_; }
+  GiveUpReason peerReason() const override { return peerReason_; }
   int peerWaitsFor() const override { return peerWaitsFor_; }
 
   const Message* peekRecv() override {
@@ -213,7 +214,9 @@ class TcpConnection final : public Connection {
             continue;
           }
           failedRank_ = rank;
-          peerTimedOut_ = header.tag == kTimedOut;
+          peerReason_ = header.tag == kTimedOut  ? GiveUpReason::TimedOut
+                        : header.tag == kRevoked ? GiveUpReason::Revoked
+                                                 : GiveUpReason::Failed;
           stream.closed = true;
           return true;
         }
@@ -247,14 +250,16 @@ class TcpConnection final : public Connection {
   // peer could not parse past them otherwise), drops the other unsent ones,
   // sends the giving-up header on every socket and shuts them down. Waits
   // at most until `deadline` for the sockets to take it.
-  void giveUp(int failedRank, bool timedOut, Clock::time_point deadline) {
+  void giveUp(int failedRank, GiveUpReason reason, Clock::time_point deadline) {
     if (!failure_.empty()) {  // broken already: nobody to tell
       for (Stream& stream : streams_) ::shutdown(stream.socket.fd(), SHUT_WR);
       return;
     }
     for (Stream& stream : streams_) stream.limit = stream.sent + (stream.offset > 0 ? 1 : 0);
     if (noticeLeft_ == sizeof(notice_)) noticeLeft_ = 0;  // a notice partly sent is finished
-    const FrameHeader last = word(failedRank, timedOut ? kTimedOut : kFailed);
+    const FrameHeader last = word(failedRank, reason == GiveUpReason::TimedOut  ? kTimedOut
+                                              : reason == GiveUpReason::Revoked ? kRevoked
+                                                                                : kFailed);
     const auto* bytes = reinterpret_cast<const std::byte*>(&last);
     for (size_t k = 0; k < streams_.size(); ++k) {
       const int fd = streams_[k].socket.fd();
@@ -369,12 +374,12 @@ class TcpConnection final : public Connection {
   size_t recvRead_ = 0;
   size_t recvFilled_ = 0;
 
-  int failedRank_ = -1;        // whom the peer blamed when it gave up
-  bool peerTimedOut_ = false;  // ... because it waited for that rank too long
-  int peerWaitsFor_ = -1;      // whom the peer last said it is stuck waiting for
-  FrameHeader notice_{};       // this rank's notice to the peer, and
-  size_t noticeLeft_ = 0;      // how many of its bytes are still to go out
-  std::vector<iovec> iov_;     // preallocated: no allocation per send
+  int failedRank_ = -1;                             // whom the peer blamed when it gave up
+  GiveUpReason peerReason_ = GiveUpReason::Failed;  // ...and why
+  int peerWaitsFor_ = -1;   // whom the peer last said it is stuck waiting for
+  FrameHeader notice_{};    // this rank's notice to the peer, and
+  size_t noticeLeft_ = 0;   // how many of its bytes are still to go out
+  std::vector<iovec> iov_;  // preallocated: no allocation per send
   std::string failure_;
 };
 
@@ -440,9 +445,9 @@ class TcpTransport final : public Transport {
       }
   }
 
-  void announceFailure(int failedRank, bool timedOut) override {
+  void announceFailure(int failedRank, GiveUpReason reason) override {
     const Clock::time_point deadline = Clock::now() + kGiveUpWithin;
-    for (auto& connection : connections_) connection->giveUp(failedRank, timedOut, deadline);
+    for (auto& connection : connections_) connection->giveUp(failedRank, reason, deadline);
   }
 
   void waitForActivity(Clock::time_point until) override {

@@ -372,8 +372,11 @@ void UcxConnection::take(const Word& word) {
       return;
     case kFailed:
     case kTimedOut:
+    case kRevoked:
       failedRank_ = word.rank;
-      peerTimedOut_ = word.kind == kTimedOut;
+      peerReason_ = word.kind == kTimedOut  ? GiveUpReason::TimedOut
+                    : word.kind == kRevoked ? GiveUpReason::Revoked
+                                            : GiveUpReason::Failed;
       closed_ = true;
       return;
     case kBye:

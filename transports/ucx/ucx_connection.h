@@ -56,11 +56,19 @@ struct Trailer {
 
 // Side-channel words, tagged Class::Word, 8 bytes each, about a rank: the
 // sender is set up (kHello); it waits for that rank and goes on waiting
-// (kWaitingFor); it gives up because that rank failed (kFailed) or stopped
-// answering (kTimedOut), its last word; or it closes its communicator
+// (kWaitingFor); it gives up because that rank failed (kFailed), stopped
+// answering (kTimedOut) or revoked the communicator (kRevoked), its last
+// word; or it closes its communicator
 // (kBye), its last word too, after which an endpoint error from its side
 // is no failure.
-enum WordKind : uint32_t { kHello = 0, kWaitingFor = 1, kFailed = 2, kTimedOut = 3, kBye = 4 };
+enum WordKind : uint32_t {
+  kHello = 0,
+  kWaitingFor = 1,
+  kFailed = 2,
+  kTimedOut = 3,
+  kBye = 4,
+  kRevoked = 5
+};
 struct Word {
   uint32_t kind;
   int32_t rank;  // -1: none
@@ -136,7 +144,7 @@ class UcxConnection final : public Connection {
   bool flushed() const override { return sendDone_ == sendPosted_ || closed_; }
   bool peerClosed() const override { return closed_; }
   int failedRank() const override { return failedRank_; }
-  bool peerTimedOut() const override { return peerTimedOut_; }
+  GiveUpReason peerReason() const override { return peerReason_; }
   int peerWaitsFor() const override { return peerWaitsFor_; }
 
   int peer() const { return peer_; }
@@ -175,7 +183,7 @@ class UcxConnection final : public Connection {
   // as memory for a word is free (a newer notice replaces one still queued).
   void noteWaitingFor(int rank);
   void sendNotice();
-  // The last word: this rank gives up (kFailed, kTimedOut) or closes
+  // The last word: this rank gives up (kFailed, kTimedOut, kRevoked) or closes
   // (kBye). A give-up goes synchronously, so that lastWordInFlight() tells
   // whether the peer has it. Nothing is sent afterwards.
   void sayLastWord(Word word);
@@ -306,11 +314,11 @@ class UcxConnection final : public Connection {
   bool leftUnannounced_ = false;
   int blames_ = -1;
   bool heardHello_ = false;
-  bool closed_ = false;            // the peer said bye or gave up
-  bool saidLastWord_ = false;      // nothing more is sent: bye or a give-up said
-  bool gaveUp_ = false;            // this rank gave up (its endpoint closes by force)
-  int failedRank_ = -1;            // whom the peer blamed when it gave up
-  bool peerTimedOut_ = false;      // ... because it waited for that rank too long
+  bool closed_ = false;        // the peer said bye or gave up
+  bool saidLastWord_ = false;  // nothing more is sent: bye or a give-up said
+  bool gaveUp_ = false;        // this rank gave up (its endpoint closes by force)
+  int failedRank_ = -1;        // whom the peer blamed when it gave up
+  GiveUpReason peerReason_ = GiveUpReason::Failed;  // ...and why
   int peerWaitsFor_ = -1;          // whom the peer last said it is stuck waiting for
   ucs_status_t trouble_ = UCS_OK;  // the first UCX error on this connection
   Clock::time_point troubleAt_;    // ... and when it came

@@ -147,9 +147,11 @@ class UcxTransport final : public Transport {
 
   // The last word to every peer, synchronously, so that each has it before
   // this rank closes its endpoints by force: at most kGiveUpWithin.
-  void announceFailure(int failedRank, bool timedOut) override {
-    for (auto& connection : connections_)
-      connection->sayLastWord({timedOut ? kTimedOut : kFailed, failedRank});
+  void announceFailure(int failedRank, GiveUpReason reason) override {
+    const WordKind kind = reason == GiveUpReason::TimedOut  ? kTimedOut
+                          : reason == GiveUpReason::Revoked ? kRevoked
+                                                            : kFailed;
+    for (auto& connection : connections_) connection->sayLastWord({kind, failedRank});
     const Clock::time_point until = Clock::now() + kGiveUpWithin;
     auto inFlight = [&] {
       for (auto& connection : connections_)
