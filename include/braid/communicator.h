@@ -48,6 +48,11 @@ struct Window {
   uint64_t id = 0;
 };
 
+// What shrink() does with the ops still pending on the communicator:
+// waits for them to finish (Default; NCCL_SHRINK_DEFAULT), or fails them at
+// once (Abort; NCCL_SHRINK_ABORT), for a communicator hung on a dead rank.
+enum class ShrinkFlags { Default, Abort };
+
 // Completion handle of one operation. Copies share the same operation.
 class Work {
  public:
@@ -152,6 +157,37 @@ class Communicator {
   // thread while this Communicator object exists (not concurrently with its
   // destruction or a move).
   void abort();
+
+  // Revokes the communicator (ULFM's MPIX_Comm_revoke): this rank's pending
+  // and later ops fail with Revoked, and every peer is told, so that its
+  // ops fail with Revoked too, naming this rank: an op waiting for any
+  // peer within milliseconds, a later one where it meets a rank that was
+  // told (every collective does), and each rank told tells the others.
+  // What remains to do with it is shrink() and destruction. Safe from any
+  // thread, as abort(): from a thread other than the one issuing ops, an op
+  // waiting there fails and then tells the peers. Calling it again does
+  // nothing.
+  void revoke();
+
+  // Not collective over this communicator: every rank not in `excluded`
+  // calls it (the excluded ranks need not: they may be dead, stopped, or
+  // alive and leaving) with the same list, and gets a communicator of the
+  // others, ranked in their old order, without a restart: the rendezvous
+  // runs among them over their existing listeners. `flags` says what
+  // becomes of this communicator's pending ops (ShrinkFlags); with Abort
+  // this communicator is aborted, to be destroyed. Throws
+  // Error(InvalidArgument) naming `excluded` when it names this rank, a
+  // rank twice, a rank out of range, every rank, or differs from another
+  // caller's list (every caller throws then); RemoteError or Timeout when
+  // a rank not excluded is gone or never calls it.
+  Communicator shrink(const std::vector<int>& excluded, ShrinkFlags flags = ShrinkFlags::Default);
+  // After a failure: the survivors agree among themselves on which ranks
+  // failed and shrink without them, as ULFM's MPIX_Comm_shrink. Every live
+  // rank calls it; ranks that died, stopped answering past the timeout, or
+  // never call it within the timeout are left out, and every survivor ends
+  // with the same members, even when another rank fails during the
+  // agreement. Ops still pending here are failed first (ShrinkFlags::Abort).
+  Communicator shrink();
 
   // Sets this rank's timeout (Config::timeout, `timeout` > 0) for what
   // waits from now on: ops that start after the call, the deadline checks

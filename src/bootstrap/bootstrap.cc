@@ -350,6 +350,33 @@ net::Socket Bootstrap::acceptFrom(int peer, uint32_t purpose, net::Deadline dead
   }
 }
 
+net::Socket Bootstrap::tryConnectTo(int peer, uint32_t purpose, net::Deadline deadline) {
+  checkPeer(peer, "tryConnectTo");
+  int errnum = 0;
+  net::Socket socket = net::Socket::connectOnce(table_[peer].listen, deadline, &errnum);
+  if (!socket.valid()) return socket;
+  auto hello = encodeHello(secret_, rank_, purpose);
+  try {
+    socket.sendAll(hello.data(), hello.size(), deadline, format("rank %d", peer));
+  } catch (const Error&) {
+    return net::Socket();
+  }
+  return socket;
+}
+
+std::pair<int, net::Socket> Bootstrap::acceptAny(uint32_t purpose, net::Deadline until) {
+  for (;;) {
+    for (auto it = pending_.begin(); it != pending_.end(); ++it)
+      if (it->first.second == purpose) {
+        std::pair<int, net::Socket> found{it->first.first, std::move(it->second)};
+        pending_.erase(it);
+        return found;
+      }
+    if (Clock::now() >= until) return {-1, net::Socket()};
+    asRank(rank_, [&] { waitForArrivals(until); });
+  }
+}
+
 void Bootstrap::waitForArrivals(net::Deadline deadline) {
   // No thread per connection and no blocking read: a stranger that connects
   // and stays silent costs a slot in this poll set until it expires.

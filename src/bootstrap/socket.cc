@@ -330,6 +330,13 @@ Socket Socket::connect(const Address& to, Deadline deadline, const std::string& 
   }
 }
 
+Socket Socket::connectOnce(const Address& to, Deadline deadline, int* errnum) {
+  *errnum = 0;
+  Socket socket = tryConnect(to, deadline, errnum);
+  if (socket.valid()) socket.setNoDelay();
+  return socket;
+}
+
 void Socket::sendAll(const void* data, size_t bytes, Deadline deadline, const std::string& who) {
   auto* next = static_cast<const char*>(data);
   while (bytes > 0) {

@@ -66,6 +66,9 @@ class Socket {
   ~Socket();
 
   static Socket connect(const Address& to, Deadline deadline, const std::string& who);
+  // One attempt, no retry: a connected socket, or an invalid one with the
+  // reason in *errnum (ECONNREFUSED: nobody listens there any more).
+  static Socket connectOnce(const Address& to, Deadline deadline, int* errnum);
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }

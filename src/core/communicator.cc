@@ -484,6 +484,12 @@ void Communicator::abort() {
   impl_->aborted.store(true);
 }
 
+void Communicator::revoke() {
+  if (!impl_)
+    throw Error(ErrorCode::InvalidUsage, "braid: revoke() on an empty communicator handle");
+  impl_->revoke();
+}
+
 void Communicator::setTimeout(std::chrono::milliseconds timeout) {
   if (!impl_)
     throw Error(ErrorCode::InvalidUsage, "braid: setTimeout() on an empty communicator handle");

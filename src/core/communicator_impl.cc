@@ -235,6 +235,29 @@ void Communicator::Impl::giveUp(int blamed) {
   for (auto& transport : wiring.transports) transport->announceFailure(blamed, reason);
 }
 
+void Communicator::Impl::revoke() {
+  if (revoked.exchange(true)) return;
+  recordFailure(
+      Error(ErrorCode::Revoked, format("braid rank %d: this rank revoked the communicator", rank)),
+      rank, transport::GiveUpReason::Revoked);
+  aborted.store(true);
+  // The thread running ops (if any) fails at its next check and tells the
+  // peers; none runs: tell them now. (An async op on the progress thread
+  // counts as running until it failed.)
+  if (running.load()) return;
+  waitForAsyncIdle();
+  if (!gaveUp) giveUp(-1);
+}
+
+Error Communicator::Impl::asRevoked(const Error& error) const {
+  if (error.code() != ErrorCode::Aborted || !revoked.load(std::memory_order_relaxed)) return error;
+  std::string what = error.what();
+  const std::string aborted = "the communicator was aborted";
+  if (const size_t at = what.find(aborted); at != std::string::npos)
+    what.replace(at, aborted.size(), "this rank revoked the communicator");
+  return Error(ErrorCode::Revoked, what);
+}
+
 void Communicator::Impl::dropGroup(const Error& error) {
   for (PendingOp& op : group) {
     {

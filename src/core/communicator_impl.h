@@ -169,9 +169,21 @@ struct Communicator::Impl {
   // `blamed` (-1: unknown), once, so that each fails at once and names it.
   void giveUp(int blamed);
   bool gaveUp = false;  // touched only by the thread that runs ops
+  // shrink(): the rendezvous among the ranks that `known` (per rank:
+  // expected, excluded, seen failing or gone; shrink.cc) does not leave
+  // out, which agree on the members (`agreed`: the ranks that failed are
+  // found out; else exactly the ranks not excluded), then the new
+  // communicator's own set-up. Throws as Communicator::shrink says.
+  std::unique_ptr<Impl> shrinkTo(std::vector<uint8_t> known, bool agreed);
   // Completes the Work of every op of the open group with `error` and
   // forgets them.
   void dropGroup(const Error& error);
+  // Communicator::revoke(): the sticky Revoked failure, and the peers told
+  // (here when no thread is running ops, else by the op that fails).
+  void revoke();
+  // The Aborted error an op got because this rank revoked the communicator,
+  // as Revoked; any other error as it is.
+  Error asRevoked(const Error& error) const;
 
   const int rank;
   const int nranks;
@@ -192,6 +204,10 @@ struct Communicator::Impl {
   }
 
   std::atomic<bool> aborted{false};
+  std::atomic<bool> revoked{false};  // by this rank: aborted says so too
+  // A thread runs ops in the executor (execute(), awaitSender()): revoke()
+  // from another thread leaves telling the peers to it.
+  std::atomic<bool> running{false};
   std::atomic<bool> failed{false};  // failure is set: lets the hot path skip the mutex
   mutable std::mutex failureMutex;
   std::optional<Error> failure;  // the first sticky error
@@ -215,6 +231,7 @@ struct Communicator::Impl {
   uint64_t anySourceReceives = 0;  // recvFromAny calls matched so far
   int nextAnySource = 0;           // the peer recvFromAny looks at first
   uint64_t splits = 0;             // split() calls, for the child's secret
+  uint64_t shrinks = 0;            // shrink() calls, for their rendezvous
   int groupDepth = 0;
   std::vector<PendingOp> group;         // ops issued inside the open group
   std::byte barrierIn{}, barrierOut{};  // the barrier's 1-byte all-reduce

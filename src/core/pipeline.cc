@@ -81,18 +81,20 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   }
   if (executor->usesReferences()) findRegions(ops, lanes, count);
   std::optional<Error> failure;
+  running.store(true, std::memory_order_relaxed);
   try {
     throwIfFailed();
     executor->run(lanes, count, timeout(), aborted);
   } catch (const Error& error) {
-    failedToRun(error);
-    failure = error;
+    failure = asRevoked(error);
+    failedToRun(*failure);
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
     failure = Error(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
                                                 ops[0].info.describe().c_str(), error.what()));
     recordFailure(*failure);
     giveUp(-1);
   }
+  running.store(false, std::memory_order_relaxed);
   if (failure) {
     for (size_t i = 0; i < count; ++i)
       if (ops[i].work) ops[i].work->complete(&*failure);
@@ -266,14 +268,18 @@ int Communicator::Impl::awaitSender(size_t count, DataType type) {
   info.count = count;
   info.type = type;
   int peer = -1;
+  running.store(true, std::memory_order_relaxed);
   try {
     throwIfFailed();
     peer = executor->awaitSender(info, tags, kPointToPointAndNumber, nextAnySource, timeout(),
                                  aborted);
   } catch (const Error& error) {
-    failedToRun(error);
-    throw;
+    const Error failure = asRevoked(error);
+    failedToRun(failure);
+    running.store(false, std::memory_order_relaxed);
+    throw failure;
   }
+  running.store(false, std::memory_order_relaxed);
   ++anySourceReceives;
   nextAnySource = (peer + 1) % nranks;
   return peer;

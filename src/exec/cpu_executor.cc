@@ -30,6 +30,8 @@ constexpr Clock::duration kPureSpin = std::chrono::microseconds(5);
 constexpr Clock::duration kQuickAnswer = std::chrono::microseconds(2);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
+// How often a waiting op looks for a revoke that any peer announced.
+constexpr auto kRevokeCheck = std::chrono::milliseconds(1);
 // Idle turns spun before the clock is first read (about a microsecond).
 constexpr unsigned kUncountedTurns = 32;
 
@@ -251,6 +253,15 @@ bool Executor::advance(Lane& lane) {
   return moved;
 }
 
+void Executor::failIfRevoked(const OpInfo& info) {
+  for (int peer = 0; peer < static_cast<int>(wiring_.connections.size()); ++peer) {
+    const transport::Connection* connection = wiring_.connections[peer];
+    if (peer != rank_ && connection && connection->peerClosed() && connection->failedRank() >= 0 &&
+        connection->peerReason() == transport::GiveUpReason::Revoked)
+      failClosed(info, peer, "waited");
+  }
+}
+
 void Executor::failClosed(const OpInfo& info, int peer, const char* doing) {
   const int failed = wiring_.connections[peer]->failedRank();
   blamed_ = failed >= 0 ? failed : peer;
@@ -468,7 +479,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
                    const std::atomic<bool>& aborted) {
   // The clock is read only once the op first has to wait: an op that never
   // waits costs no clock read. Time spent before that counts as progress.
-  Clock::time_point deadline{}, waitStart{};
+  Clock::time_point deadline{}, waitStart{}, nextRevokeCheck{};
   bool inGrace = false;
   lent_.clear();  // a failed op's leftovers: its peers failed too
   blamed_ = -1;
@@ -581,6 +592,10 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         }
       }
       if (inGrace) followWaits(lanes, count);
+      if (now >= nextRevokeCheck) {
+        nextRevokeCheck = now + kRevokeCheck;
+        failIfRevoked(*lanes->info);
+      }
       const auto idleFor = now - idleSince;
       if (idleFor <= pureSpin_) {
         cpuRelax();

@@ -153,6 +153,9 @@ class Executor {
   bool allReturned();
   void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
   [[noreturn]] void failClosed(const OpInfo& info, int peer, const char* doing);
+  // Fails the op `info` when a peer closed its connection saying that the
+  // communicator was revoked, whichever peers the op waits for.
+  void failIfRevoked(const OpInfo& info);
   // What this rank waits for in an op that cannot move: the first lane with
   // steps left and its peer, or (lane null) the peer still reading memory
   // this rank lent; peer -1 when it only waits to flush.

@@ -1,0 +1,288 @@
+// Survivors go on: revoke() and shrink(), with the ranks left out dead,
+// stopped or alive and leaving. Runs on every host transport (the suite is
+// repeated with BRAID_TRANSPORT, tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "multirank.h"
+
+namespace braid {
+namespace {
+
+using braid::testing::require;
+using braid::testing::RunOptions;
+using braid::testing::runRanks;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+long long msSince(steady_clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(steady_clock::now() - start).count();
+}
+
+// Every collective at the communicator's size gives the right result.
+void requireEveryCollective(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 18}) {
+    std::vector<int32_t> in(count, r + 1), out(count * n, -1);
+    comm.allReduce(in.data(), out.data(), count, DataType::Int32, ReduceOp::Sum);
+    for (size_t i = 0; i < count; ++i)
+      require(out[i] == n * (n + 1) / 2, format("allReduce at %d ranks: %d", n, out[i]));
+    comm.allGather(in.data(), out.data(), count, DataType::Int32);
+    for (int from = 0; from < n; ++from)
+      require(out[from * count] == from + 1 && out[from * count + count - 1] == from + 1,
+              format("allGather at %d ranks: block %d", n, from));
+    std::vector<int32_t> blocks(count * n);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    comm.reduceScatter(blocks.data(), out.data(), count, DataType::Int32, ReduceOp::Sum);
+    require(out[0] == n * static_cast<int32_t>(r * count),
+            format("reduceScatter at %d ranks: %d", n, out[0]));
+    const int root = n - 1;
+    std::vector<int32_t> sent(count, root == r ? 7 : 0), got(count, -1);
+    comm.broadcast(sent.data(), got.data(), count, DataType::Int32, root);
+    require(got[0] == 7 && got[count - 1] == 7, format("broadcast at %d ranks", n));
+    comm.reduce(in.data(), got.data(), count, DataType::Int32, ReduceOp::Max, 0);
+    if (r == 0) require(got[count - 1] == n, format("reduce at %d ranks: %d", n, got[count - 1]));
+  }
+  int32_t token = r, from = -1;
+  comm.groupStart();
+  comm.send(&token, 1, DataType::Int32, (r + 1) % n);
+  comm.recv(&from, 1, DataType::Int32, (r + n - 1) % n);
+  comm.groupEnd();
+  require(from == (r + n - 1) % n, format("ring send at %d ranks: %d", n, from));
+  comm.barrier();
+}
+
+// Runs collectives until one fails; returns its error.
+Error collectivesUntilFailure(Communicator& comm) {
+  std::vector<float> in(4096, 1.0f), out(4096);
+  try {
+    for (;;) comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+  } catch (const Error& error) {
+    return error;
+  }
+}
+
+TEST(Revoke, FailsEveryRanksWaitingAndLaterOpsNamingTheRankThatRevoked) {
+  runRanks(4, [](Communicator& comm) {
+    requireEveryCollective(comm);
+    const int r = comm.rank();
+    const auto start = steady_clock::now();
+    if (r == 1) {
+      std::this_thread::sleep_for(milliseconds(200));
+      comm.revoke();
+      comm.revoke();  // again: nothing more
+    }
+    // Ranks 0 and 2 wait in a receive from rank 3, which waits for rank 0:
+    // none of them waits for rank 1, and each learns of the revoke.
+    float x = 0;
+    try {
+      if (r == 0 || r == 2)
+        comm.recv(&x, 1, DataType::Float32, 3);
+      else if (r == 3)
+        comm.recv(&x, 1, DataType::Float32, 0);
+      else
+        comm.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+      require(false, "no error after the revoke");
+    } catch (const Error& error) {
+      const std::string what = error.what();
+      require(error.code() == ErrorCode::Revoked, "expected Revoked: " + what);
+      if (r != 1)
+        require(what.find("rank 1 revoked") != std::string::npos,
+                "the error does not name rank 1: " + what);
+    }
+    require(msSince(start) < 3000,
+            format("revoke reached this rank after %lld ms", msSince(start)));
+    // Later ops fail too, at once.
+    try {
+      comm.barrier();
+      require(false, "a barrier after the revoke ran");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::Revoked,
+              std::string("a later op: expected Revoked: ") + error.what());
+    }
+  });
+}
+
+TEST(Revoke, FromAnotherThreadFailsTheOpWaitingThere) {
+  runRanks(3, [](Communicator& comm) {
+    float x = 0;
+    std::thread revoker;
+    if (comm.rank() == 2)
+      revoker = std::thread([&] {
+        std::this_thread::sleep_for(milliseconds(200));
+        comm.revoke();
+      });
+    try {
+      comm.recv(&x, 1, DataType::Float32, (comm.rank() + 1) % 3);  // nobody sends
+      require(false, "no error");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::Revoked, std::string("expected Revoked: ") + error.what());
+    }
+    if (revoker.joinable()) revoker.join();
+  });
+}
+
+// shrink(excluded) without a failure: the excluded rank is alive and
+// leaves; the others go on, ranked in their old order, and so does the
+// parent until it is destroyed.
+TEST(Shrink, ExcludingALiveRankThatLeavesGivesTheOthersAWorkingCommunicator) {
+  runRanks(4, [](Communicator& comm) {
+    requireEveryCollective(comm);
+    if (comm.rank() == 2) return;  // leaves: destroys its communicator
+    Communicator child = comm.shrink({2});
+    require(child.size() == 3, format("size %d", child.size()));
+    require(child.rank() == (comm.rank() < 2 ? comm.rank() : comm.rank() - 1),
+            format("old rank %d is new rank %d", comm.rank(), child.rank()));
+    requireEveryCollective(child);
+    // A shrink of the shrunk communicator, right away.
+    if (child.rank() == 0) return;
+    Communicator grandchild = child.shrink({0});
+    require(grandchild.size() == 2, format("size %d", grandchild.size()));
+    requireEveryCollective(grandchild);
+  });
+}
+
+TEST(Shrink, KilledRankLeftOutByEveryListedSurvivorWithAbort) {
+  RunOptions options;
+  options.killed = {1};
+  options.config.timeout = std::chrono::seconds(30);
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        requireEveryCollective(comm);
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(100));
+          ::raise(SIGKILL);
+        }
+        collectivesUntilFailure(comm);
+        const auto start = steady_clock::now();
+        Communicator child = comm.shrink({1}, ShrinkFlags::Abort);
+        require(child.size() == 3, format("size %d", child.size()));
+        requireEveryCollective(child);
+        require(msSince(start) < 5000, format("shrink took %lld ms", msSince(start)));
+      },
+      options);
+}
+
+TEST(Shrink, AgreedAfterAKillLeavesOutOnlyTheDeadRank) {
+  RunOptions options;
+  options.killed = {0};  // the lowest rank: the coordinator moves up
+  options.config.timeout = std::chrono::seconds(30);
+  runRanks(
+      5,
+      [](Communicator& comm) {
+        requireEveryCollective(comm);
+        if (comm.rank() == 0) {
+          std::this_thread::sleep_for(milliseconds(100));
+          ::raise(SIGKILL);
+        }
+        const Error error = collectivesUntilFailure(comm);
+        require(error.code() == ErrorCode::RemoteError || error.code() == ErrorCode::Timeout,
+                std::string("the failure: ") + error.what());
+        const auto start = steady_clock::now();
+        Communicator child = comm.shrink();
+        require(child.size() == 4, format("size %d", child.size()));
+        require(child.rank() == comm.rank() - 1, format("rank %d", child.rank()));
+        requireEveryCollective(child);
+        require(msSince(start) < 5000, format("shrink took %lld ms", msSince(start)));
+      },
+      options);
+}
+
+// Two ranks die together, and a third dies while the others agree.
+TEST(Shrink, AgreedEvenWhenARankDiesDuringTheAgreement) {
+  RunOptions options;
+  options.killed = {1, 3, 4};
+  options.config.timeout = std::chrono::seconds(30);
+  runRanks(
+      6,
+      [](Communicator& comm) {
+        requireEveryCollective(comm);
+        const int r = comm.rank();
+        if (r == 1 || r == 3) {
+          std::this_thread::sleep_for(milliseconds(100));
+          ::raise(SIGKILL);
+        }
+        collectivesUntilFailure(comm);
+        if (r == 4) {  // it joins the agreement and dies in it
+          std::thread([] {
+            std::this_thread::sleep_for(milliseconds(30));
+            ::raise(SIGKILL);
+          }).detach();
+        }
+        // The coordinator comes late, so that rank 4 has joined and died.
+        if (r == 0) std::this_thread::sleep_for(milliseconds(300));
+        Communicator child = comm.shrink();
+        require(child.size() == 3, format("size %d", child.size()));
+        requireEveryCollective(child);
+      },
+      options);
+}
+
+TEST(Shrink, AStoppedRankIsLeftOutOnceItPassedTheTimeout) {
+  RunOptions options;
+  options.killed = {2};  // stopped, then killed by its parent once the others are done
+  options.config.timeout = std::chrono::seconds(1);
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        requireEveryCollective(comm);
+        if (comm.rank() == 2) {
+          const pid_t self = ::getpid();
+          if (::fork() == 0) {  // the sentinel: stops it, and kills it after the test
+            ::kill(self, SIGSTOP);
+            std::this_thread::sleep_for(std::chrono::seconds(6));
+            ::kill(self, SIGKILL);
+            ::_exit(0);
+          }
+          for (;;) std::this_thread::sleep_for(milliseconds(100));
+        }
+        collectivesUntilFailure(comm);
+        Communicator child = comm.shrink();
+        require(child.size() == 3, format("size %d", child.size()));
+        requireEveryCollective(child);
+      },
+      options);
+}
+
+TEST(Shrink, BadListsAreRefusedNamingTheArgumentAndTheCommunicatorStaysUsable) {
+  runRanks(3, [](Communicator& comm) {
+    auto refused = [&](const std::vector<int>& excluded, const std::string& says) {
+      try {
+        comm.shrink(excluded);
+        require(false, "shrink accepted a bad list");
+      } catch (const Error& error) {
+        const std::string what = error.what();
+        require(error.code() == ErrorCode::InvalidArgument, "expected InvalidArgument: " + what);
+        require(what.find(says) != std::string::npos, "'" + says + "' not in: " + what);
+      }
+    };
+    refused({}, "argument 'excluded' is empty");
+    refused({3}, "excluded[0] is 3");
+    refused({-1}, "excluded[0] is -1");
+    refused({comm.rank()}, "is this rank");
+    refused({(comm.rank() + 1) % 3, (comm.rank() + 1) % 3}, "twice");
+    requireEveryCollective(comm);
+    // Lists that differ between the callers: every caller is told.
+    if (comm.rank() == 0) return;
+    try {
+      comm.shrink({comm.rank() == 1 ? 0 : 1});  // rank 1 drops 0, rank 2 drops 1
+      require(false, "differing lists were accepted");
+    } catch (const Error& error) {
+      require(error.code() == ErrorCode::InvalidArgument || error.code() == ErrorCode::RemoteError,
+              std::string("differing lists: ") + error.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace braid
