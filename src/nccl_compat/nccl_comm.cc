@@ -384,11 +384,29 @@ NCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
   });
 }
 
+// braid's revoke also tells the peers (NCCL's is local to the rank that
+// calls it): their ops on the communicator fail too, with ncclInvalidUsage,
+// as NCCL's do on a communicator revoked there.
 NCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  (void)comm, (void)revokeFlags;
-  return failWith(ncclInvalidUsage,
-                  "ncclCommRevoke: not supported by braid yet (ncclCommAbort stops a "
-                  "communicator's work and frees it)");
+  const char* fn = "ncclCommRevoke";
+  if (!comm) return ncclSuccess;
+  return guarded(fn, [&] {
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+      return badArgument(
+          fn, format("argument 'revokeFlags' is %d, must be NCCL_REVOKE_DEFAULT (0)", revokeFlags));
+    comm->waitReady();
+    if (comm->revoked.exchange(true))
+      return badArgument(fn, "the communicator was revoked already");
+    comm->comm.revoke();
+    // Its work in flight fails at once; once it has, the communicator is
+    // quiet, and that is the state ncclCommGetAsyncError reports (NCCL's
+    // after a revoke), not the failures of the work it stopped.
+    comm->drain();
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    comm->asyncError = ncclSuccess;
+    comm->asyncMessage.clear();
+    return ncclSuccess;
+  });
 }
 
 NCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
@@ -439,14 +457,48 @@ NCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncc
   });
 }
 
+// Only the ranks that stay call it, with the same list. braid's shrink
+// runs a rendezvous among them over the parent's listeners, so it also
+// works when the excluded ranks are dead or stopped; the parent is left to
+// ncclCommDestroy or ncclCommAbort (after NCCL_SHRINK_ABORT it is aborted,
+// and neither waits for a peer).
 NCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
                                          int excludeRanksCount, ncclComm_t* newcomm,
                                          ncclConfig_t* config, int shrinkFlags) {
-  (void)comm, (void)excludeRanksList, (void)excludeRanksCount, (void)newcomm, (void)config,
-      (void)shrinkFlags;
-  return failWith(ncclInvalidUsage,
-                  "ncclCommShrink: not supported by braid yet: use ncclCommSplit on every rank "
-                  "(excluded ranks with NCCL_SPLIT_NOCOLOR)");
+  const char* fn = "ncclCommShrink";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (!newcomm) return badArgument(fn, "argument 'newcomm' is NULL");
+    if (!excludeRanksList) return badArgument(fn, "argument 'excludeRanksList' is NULL");
+    if (excludeRanksCount <= 0)
+      return badArgument(
+          fn, format("argument 'excludeRanksCount' is %d, must be at least 1", excludeRanksCount));
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+      return badArgument(fn, format("argument 'shrinkFlags' is %d, must be NCCL_SHRINK_DEFAULT "
+                                    "(0) or NCCL_SHRINK_ABORT (1)",
+                                    shrinkFlags));
+    comm->waitReady();
+    std::sort(excludeRanksList, excludeRanksList + excludeRanksCount);  // as NCCL does
+    std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
+    const braid::ShrinkFlags flags =
+        shrinkFlags == NCCL_SHRINK_ABORT ? braid::ShrinkFlags::Abort : braid::ShrinkFlags::Default;
+    auto child = std::make_unique<ncclComm>();
+    child->device = comm->device;
+    child->blocking = comm->blocking;
+    readConfig(config, child.get(), fn);
+    Communicator* parent = &comm->comm;
+    ncclComm* handle = child.release();
+    *newcomm = handle;
+    ncclResult_t result;
+    try {
+      result = create(handle, [=] { return parent->shrink(excluded, flags); });
+    } catch (...) {
+      *newcomm = nullptr;
+      delete handle;
+      throw;
+    }
+    return result;
+  });
 }
 
 NCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {

@@ -92,6 +92,7 @@ struct ncclComm {
   int device = -1;
   bool blocking = true;
   std::string name;
+  std::atomic<bool> revoked{false};  // ncclCommRevoke was called
 
   // A nonblocking init runs on `initThread`; `ready` says it has finished,
   // `initResult` how.
