@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,7 +21,9 @@ namespace {
 
 using braid::testing::require;
 using braid::testing::RunOptions;
+using braid::testing::runProcesses;
 using braid::testing::runRanks;
+using braid::testing::SharedWithRanks;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
@@ -282,6 +285,108 @@ TEST(Shrink, BadListsAreRefusedNamingTheArgumentAndTheCommunicatorStaysUsable) {
               std::string("differing lists: ") + error.what());
     }
   });
+}
+
+// A grow id, handed from a member to the new processes through memory the
+// test's processes share.
+struct Handoff {
+  std::atomic<int> ready;  // 0: not yet; 1: `id` holds it
+  UniqueId id;
+};
+
+void publish(SharedWithRanks<Handoff>& handoff, const UniqueId& id) {
+  handoff->id = id;
+  handoff->ready.store(1);
+}
+
+UniqueId await(SharedWithRanks<Handoff>& handoff) {
+  while (handoff->ready.load() == 0) std::this_thread::sleep_for(milliseconds(1));
+  return handoff->id;
+}
+
+TEST(Grow, NewProcessesJoinAndTheMembersKeepTheirRanks) {
+  SharedWithRanks<Handoff> handoff;
+  runProcesses(5, [&](int rank, const UniqueId& id, const Config& config) {
+    if (rank >= 3) {  // the new processes
+      Communicator grown = Communicator::init(5, rank, await(handoff), config);
+      require(grown.rank() == rank && grown.size() == 5, "a new rank's place");
+      requireEveryCollective(grown);
+      return;
+    }
+    Communicator comm = Communicator::init(3, rank, id, config);
+    requireEveryCollective(comm);
+    std::optional<UniqueId> made;
+    if (rank == 1) {
+      made = comm.growId();
+      publish(handoff, *made);
+    }
+    Communicator grown = comm.grow(5, made ? &*made : nullptr);
+    require(grown.rank() == rank && grown.size() == 5, "a member's place");
+    requireEveryCollective(grown);
+    requireEveryCollective(comm);  // the old one is as it was
+  });
+}
+
+TEST(Grow, BadArgumentsAreRefusedOnEveryMember) {
+  runRanks(3, [](Communicator& comm) {
+    auto refused = [&](int nranks, bool everyoneHasId, const std::string& says) {
+      const UniqueId id = comm.growId();
+      try {
+        comm.grow(nranks, everyoneHasId || comm.rank() == 0 ? &id : nullptr);
+        require(false, "grow accepted bad arguments");
+      } catch (const Error& error) {
+        const std::string what = error.what();
+        require(error.code() == ErrorCode::InvalidArgument, "expected InvalidArgument: " + what);
+        require(what.find(says) != std::string::npos, "'" + says + "' not in: " + what);
+      }
+    };
+    refused(3, false, "argument 'nranks' is 3");
+    refused(comm.rank() == 2 ? 5 : 4, false, "argument 'nranks' is");
+    refused(4, true, "argument 'id' was passed by 3 members");
+    requireEveryCollective(comm);
+  });
+}
+
+// The elastic example's course: a rank is killed, the others shrink
+// without it and go on; a replacement joins (grow) and gets the state by
+// broadcast; all go on at the old size.
+TEST(Grow, AReplacementRestoresTheSizeAfterAKillAndAShrink) {
+  SharedWithRanks<Handoff> handoff;
+  RunOptions options;
+  options.killed = {2};
+  options.config.timeout = std::chrono::seconds(30);
+  runProcesses(
+      5,
+      [&](int rank, const UniqueId& id, const Config& config) {
+        std::vector<float> state(1000, 0.0f);
+        if (rank == 4) {  // the replacement: rank 3 of the grown communicator
+          Communicator grown = Communicator::init(4, 3, await(handoff), config);
+          grown.broadcast(state.data(), state.data(), state.size(), DataType::Float32, 0);
+          require(state[999] == 42.0f, format("the state broadcast: %g", state[999]));
+          requireEveryCollective(grown);
+          return;
+        }
+        Communicator comm = Communicator::init(4, rank, id, config);
+        requireEveryCollective(comm);
+        if (rank == 2) {
+          std::this_thread::sleep_for(milliseconds(50));
+          ::raise(SIGKILL);
+        }
+        collectivesUntilFailure(comm);
+        Communicator survivors = comm.shrink();
+        require(survivors.size() == 3, format("shrunk to %d", survivors.size()));
+        requireEveryCollective(survivors);
+        std::fill(state.begin(), state.end(), 42.0f);
+        std::optional<UniqueId> made;
+        if (survivors.rank() == 0) {
+          made = survivors.growId();
+          publish(handoff, *made);
+        }
+        Communicator grown = survivors.grow(4, made ? &*made : nullptr);
+        grown.broadcast(state.data(), state.data(), state.size(), DataType::Float32, 0);
+        requireEveryCollective(grown);
+      },
+      options);
 }
 
 }  // namespace

@@ -189,6 +189,19 @@ class Communicator {
   // agreement. Ops still pending here are failed first (ShrinkFlags::Abort).
   Communicator shrink();
 
+  // Growing, in NCCL 2.29's model (ncclCommGetUniqueId, ncclCommGrow): one
+  // member makes an id with growId() and ships it to the new processes out
+  // of band; every member calls grow(nranks, &id) (that member) or
+  // grow(nranks) (the others) and keeps its rank; each new process calls
+  // init(nranks, rank, id) with its rank in [size(), nranks). Collective
+  // over this communicator; the new communicator is made among all of them
+  // (a fresh rendezvous, as init), and this one stays as it was. Throws
+  // Error(InvalidArgument) on every member naming `nranks` when it is not
+  // above size() or differs between members, or `id` when no member or
+  // more than one passed one; Timeout naming the new ranks that never came.
+  UniqueId growId();
+  Communicator grow(int nranks, const UniqueId* id = nullptr);
+
   // Sets this rank's timeout (Config::timeout, `timeout` > 0) for what
   // waits from now on: ops that start after the call, the deadline checks
   // of device ops in flight, and communicators split from this one. Safe

@@ -477,6 +477,69 @@ Communicator Communicator::split(int color, int key) {
   return Communicator(std::make_unique<Impl>(std::move(boot), knobs));
 }
 
+UniqueId Communicator::growId() {
+  Impl& impl = usable(impl_.get(), "growId");
+  net::Address at = impl.bootstrap->listenAddress();
+  at.setPort(0);
+  net::Listener listener(at);
+  bootstrap::IdContents contents{listener.address(), randomSecret()};
+  bootstrap::startRoot(std::move(listener), contents.secret, impl.timeout());
+  return bootstrap::encodeId(contents);
+}
+
+Communicator Communicator::grow(int nranks, const UniqueId* id) {
+  Impl& impl = usable(impl_.get(), "grow");
+  if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "grow inside a group");
+  impl.waitForAsyncIdle();
+  const net::Deadline deadline = deadlineAfter(impl.timeout());
+  struct Offer {
+    int32_t nranks;
+    uint32_t hasId;
+    UniqueId id;
+  };
+  std::vector<Offer> offers(static_cast<size_t>(impl.nranks));
+  Offer& mine = offers[impl.rank];
+  mine.nranks = nranks;
+  mine.hasId = id ? 1 : 0;
+  if (id) mine.id = *id;
+  try {
+    impl.bootstrap->allGather(offers.data(), sizeof(Offer), deadline);
+  } catch (const Error& error) {
+    impl.recordFailure(error);
+    throw;
+  }
+  std::vector<int> withId;
+  for (int r = 0; r < impl.nranks; ++r) {
+    if (offers[r].nranks != nranks)
+      fail(ErrorCode::InvalidArgument, impl.rank,
+           format("grow: argument 'nranks' is %d here and %d on rank %d: every member passes "
+                  "the same",
+                  nranks, offers[r].nranks, r));
+    if (offers[r].hasId) withId.push_back(r);
+  }
+  if (nranks <= impl.nranks)
+    fail(ErrorCode::InvalidArgument, impl.rank,
+         format("grow: argument 'nranks' is %d: a communicator of %d grows to more", nranks,
+                impl.nranks));
+  if (withId.size() != 1) {
+    std::string who;
+    for (int r : withId) who += format("%s%d", who.empty() ? " (ranks " : ", ", r);
+    fail(ErrorCode::InvalidArgument, impl.rank,
+         format("grow: argument 'id' was passed by %zu members%s%s: exactly one member passes "
+                "the id it made with growId()",
+                withId.size(), who.c_str(), who.empty() ? "" : ")"));
+  }
+  const UniqueId& grown = offers[withId[0]].id;
+  net::Address at = impl.bootstrap->listenAddress();
+  at.setPort(0);
+  auto boot = bootstrap::Bootstrap::join(grown, nranks, impl.rank, at, deadline);
+  Knobs knobs = impl.knobs;
+  knobs.timeout = impl.timeout();
+  BRAID_INFO(Init, "grow: rank %d of %d is rank %d of %d", impl.rank, impl.nranks, impl.rank,
+             nranks);
+  return Communicator(std::make_unique<Impl>(std::move(boot), knobs));
+}
+
 void Communicator::abort() {
   if (!impl_) return;
   impl_->recordFailure(Error(ErrorCode::Aborted,
