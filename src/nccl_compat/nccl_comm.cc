@@ -13,6 +13,8 @@
 // A nonblocking communicator (config.blocking = 0) runs its work on braid's
 // progress thread: calls return ncclInProgress and ncclCommGetAsyncError
 // says when it is done.
+#include <optional>
+
 #include "braid/memory.h"
 #include "nccl_compat/nccl_internal.h"
 
@@ -501,6 +503,59 @@ NCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
   });
 }
 
+// Growing, NCCL 2.29's model: one member makes the id (ncclCommGetUniqueId)
+// and ships it to the new ranks; the members call ncclCommGrow on the
+// parent (rank -1; that member with the id, the others with NULL), the new
+// ranks with a NULL parent, the id and their rank.
+NCCL_EXPORT ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId) {
+  const char* fn = "ncclCommGetUniqueId";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (!uniqueId) return badArgument(fn, "argument 'uniqueId' is NULL");
+    comm->waitReady();
+    const braid::UniqueId id = comm->comm.growId();
+    std::memcpy(uniqueId->internal, id.bytes.data(), sizeof(uniqueId->internal));
+    return ncclSuccess;
+  });
+}
+
+NCCL_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId,
+                                       int rank, ncclComm_t* newcomm, ncclConfig_t* config) {
+  const char* fn = "ncclCommGrow";
+  if (!comm) {  // a new rank
+    if (!uniqueId)
+      return guarded(fn, [&] {
+        return badArgument(fn, "argument 'uniqueId' is NULL for a new rank (comm NULL)");
+      });
+    return initRank(newcomm, nRanks, *uniqueId, rank, config, fn);
+  }
+  return guarded(fn, [&] {
+    if (!newcomm) return badArgument(fn, "argument 'newcomm' is NULL");
+    if (rank != -1)
+      return badArgument(
+          fn, format("argument 'rank' is %d: a member keeps its rank and passes -1", rank));
+    comm->waitReady();
+    auto child = std::make_unique<ncclComm>();
+    child->device = comm->device;
+    child->blocking = comm->blocking;
+    readConfig(config, child.get(), fn);
+    Communicator* parent = &comm->comm;
+    std::optional<braid::UniqueId> id;
+    if (uniqueId) id = idOf(*uniqueId);
+    ncclComm* handle = child.release();
+    *newcomm = handle;
+    ncclResult_t result;
+    try {
+      result = create(handle, [=] { return parent->grow(nRanks, id ? &*id : nullptr); });
+    } catch (...) {
+      *newcomm = nullptr;
+      delete handle;
+      throw;
+    }
+    return result;
+  });
+}
+
 NCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
   switch (static_cast<ncclResult_t>(std::clamp(rawValue(result), 0, int{ncclNumResults}))) {
     case ncclSuccess:
@@ -737,6 +792,10 @@ NCCL_ALIAS(ncclResult_t, CommSplit,
 NCCL_ALIAS(ncclResult_t, CommShrink,
            (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
             ncclConfig_t* config, int shrinkFlags));
+NCCL_ALIAS(ncclResult_t, CommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId));
+NCCL_ALIAS(ncclResult_t, CommGrow,
+           (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+            ncclComm_t* newcomm, ncclConfig_t* config));
 NCCL_ALIAS(const char*, GetErrorString, (ncclResult_t result));
 NCCL_ALIAS(const char*, GetLastError, (ncclComm_t comm));
 NCCL_ALIAS(ncclResult_t, CommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError));

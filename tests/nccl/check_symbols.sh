@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
-# 2.28's nccl.h under its nccl and pnccl names.  check_symbols.sh LIBRARY
+# 2.28's nccl.h under its nccl and pnccl names, and 2.29's ncclCommGetUniqueId
+# and ncclCommGrow.  check_symbols.sh LIBRARY
 set -euo pipefail
 lib=$1
 soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
@@ -8,7 +9,7 @@ soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TW]$/ {print $3}')
 missing=0
 for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll CommInitRankScalable \
-  CommSplit CommShrink CommFinalize CommDestroy CommAbort CommRevoke CommGetAsyncError CommCount \
+  CommSplit CommShrink CommGetUniqueId CommGrow CommFinalize CommDestroy CommAbort CommRevoke CommGetAsyncError CommCount \
   CommCuDevice CommUserRank GetErrorString GetLastError AllReduce Broadcast Bcast Reduce AllGather \
   ReduceScatter AlltoAll Gather Scatter Send Recv GroupStart GroupEnd GroupSimulateEnd \
   RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \

@@ -3,7 +3,8 @@
 // shrink it away with NCCL_SHRINK_ABORT, abort the parent (which must not
 // wait for anyone) and run on the new communicator; then one of them
 // revokes it, each sees its next collective refused, and the two that stay
-// shrink it once more, nonblocking, polling ncclCommGetAsyncError.
+// shrink it once more, nonblocking, polling ncclCommGetAsyncError; last, a
+// new process joins those two (ncclCommGetUniqueId, ncclCommGrow).
 //   nccl_elastic_program      exit status 0 when every survivor passed
 #include <nccl.h>
 #include <signal.h>
@@ -18,6 +19,12 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 29, 0)  // NCCL 2.29's, for an older nccl.h
+extern "C" ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+extern "C" ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId,
+                                     int rank, ncclComm_t* newcomm, ncclConfig_t* config);
+#endif
 
 namespace {
 
@@ -43,7 +50,10 @@ void failed(const std::string& what) {
 struct Shared {
   ncclUniqueId id;
   volatile int ready;
+  ncclUniqueId growId;
+  volatile int growReady;
 };
+Shared* gShared = nullptr;
 
 // One sum all-reduce of `count` floats, each rank giving rank + 1; the
 // result is checked against `size` ranks.
@@ -111,13 +121,13 @@ void runRank(const ncclUniqueId& id) {
   if (result != ncclSuccess && result != ncclInProgress)
     return failed(std::string("nonblocking shrink: ") + ncclGetErrorString(result));
   // Until it is done, every call but ncclCommGetAsyncError waits.
-  auto settle = [&](ncclResult_t* state) {
+  auto settle = [](ncclComm_t comm, ncclResult_t* state) {
     *state = ncclInProgress;
     while (*state == ncclInProgress)
-      if (ncclCommGetAsyncError(pair, state) != ncclSuccess) *state = ncclInternalError;
+      if (ncclCommGetAsyncError(comm, state) != ncclSuccess) *state = ncclInternalError;
   };
   ncclResult_t state;
-  settle(&state);
+  settle(pair, &state);
   CHECK(state);
   CHECK(ncclCommCount(pair, &count));
   CHECK(ncclCommUserRank(pair, &rank));
@@ -127,11 +137,45 @@ void runRank(const ncclUniqueId& id) {
   result =
       ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat32, ncclSum, pair, nullptr);
   if (result != ncclSuccess && result != ncclInProgress) CHECK(result);
-  settle(&state);
+  settle(pair, &state);
   CHECK(state);
   if (data[0] != 3.0f) failed("all-reduce sum on the pair is " + std::to_string(data[0]));
+
+  // A new process joins the pair.
+  ncclUniqueId growId;
+  if (rank == 0) {
+    CHECK(ncclCommGetUniqueId(pair, &growId));
+    gShared->growId = growId;
+    gShared->growReady = 1;
+  }
+  ncclComm_t grown = nullptr;
+  result = ncclCommGrow(pair, 3, rank == 0 ? &growId : nullptr, -1, &grown, nullptr);
+  if (result != ncclSuccess && result != ncclInProgress) CHECK(result);
+  settle(grown, &state);
+  CHECK(state);
+  CHECK(ncclCommCount(grown, &count));
+  if (count != 3) failed("grown to " + std::to_string(count));
+  std::vector<float> all(1024, static_cast<float>(rank + 1));
+  result = ncclAllReduce(all.data(), all.data(), all.size(), ncclFloat32, ncclSum, grown, nullptr);
+  if (result != ncclSuccess && result != ncclInProgress) CHECK(result);
+  settle(grown, &state);
+  CHECK(state);
+  if (all[0] != 6.0f) failed("all-reduce sum after the grow is " + std::to_string(all[0]));
+  CHECK(ncclCommDestroy(grown));
   CHECK(ncclCommDestroy(survivors));
   CHECK(ncclCommDestroy(pair));
+}
+
+// The process that joins the last two survivors.
+void runNewRank() {
+  while (gShared->growReady == 0) usleep(1000);
+  ncclComm_t grown = nullptr;
+  CHECK(ncclCommGrow(nullptr, 3, &gShared->growId, 2, &grown, nullptr));
+  int rank = -1;
+  CHECK(ncclCommUserRank(grown, &rank));
+  if (rank != 2) failed("the new rank is " + std::to_string(rank));
+  CHECK(sumOnce(grown, rank, 3, true));
+  CHECK(ncclCommDestroy(grown));
 }
 
 }  // namespace
@@ -140,6 +184,7 @@ int main() {
   auto* shared = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (shared) Shared{};
+  gShared = shared;
   std::vector<pid_t> pids;
   for (int r = 0; r < kRanks; ++r) {
     const pid_t pid = fork();
@@ -158,7 +203,22 @@ int main() {
     }
     pids.push_back(pid);
   }
+  const pid_t newcomer = fork();
+  if (newcomer == 0) {
+    gRank = kRanks;
+    alarm(120);
+    runNewRank();
+    if (gFailures == 0) printf("the new rank: every check passed\n");
+    fflush(stdout);
+    _exit(gFailures == 0 ? 0 : 1);
+  }
   int failedRanks = 0;
+  int status = 0;
+  waitpid(newcomer, &status, 0);
+  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    fprintf(stderr, "the new rank failed\n");
+    ++failedRanks;
+  }
   for (int r = 0; r < kRanks; ++r) {
     int status = 0;
     waitpid(pids[r], &status, 0);

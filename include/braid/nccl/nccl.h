@@ -205,6 +205,13 @@ BRAID_NCCL_API(ncclResult_t, CommSplit,
 BRAID_NCCL_API(ncclResult_t, CommShrink,
                (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                 ncclConfig_t* config, int shrinkFlags));
+/* Growing (NCCL 2.29): one member makes the id the new ranks join with;
+ * every member calls ncclCommGrow(comm, nRanks, id or NULL, -1, ...) and
+ * keeps its rank, each new rank ncclCommGrow(NULL, nRanks, id, rank, ...). */
+BRAID_NCCL_API(ncclResult_t, CommGetUniqueId, (ncclComm_t comm, ncclUniqueId * uniqueId));
+BRAID_NCCL_API(ncclResult_t, CommGrow,
+               (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                ncclComm_t* newcomm, ncclConfig_t* config));
 /* As ncclCommInitRankConfig; braid's bootstrap uses the first of the ids. */
 BRAID_NCCL_API(ncclResult_t, CommInitRankScalable,
                (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
