@@ -2,7 +2,8 @@
 // forks N ranks that share a unique id, runs every collective with several
 // datatypes and operators in place and out of place, an all-to-all of
 // grouped send/recv, ncclAlltoAll, ncclGather, ncclScatter, a PreMulSum
-// operator, a split, a nonblocking communicator and bad input, checks every
+// operator, a split, a shrink and a revoke in one process, a nonblocking
+// communicator and bad input, checks every
 // result and destroys its communicators. Built against whichever nccl.h
 // comes first on the include path and linked with the libnccl.so.2 under
 // test.
@@ -525,13 +526,9 @@ void singleProcess() {
     if (gathered[r][250] != 2.0f) failed("grouped all-gather on communicators made in a group");
 
   // Not supported yet: a clear ncclInvalidUsage.
-  ncclComm_t none = nullptr;
   ncclWindow_t window = nullptr;
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
-  int exclude = 1;
   const ncclResult_t unsupported[] = {
-      ncclCommRevoke(comms[0], NCCL_REVOKE_DEFAULT),
-      ncclCommShrink(comms[0], &exclude, 1, &none, nullptr, NCCL_SHRINK_DEFAULT),
       ncclCommWindowRegister(comms[0], parts[0].data(), 400, &window, NCCL_WIN_DEFAULT),
       ncclGroupSimulateEnd(&sim),
       ncclGroupEnd(),  // no group is open
@@ -571,6 +568,22 @@ void singleProcess() {
     if (size != 2) failed("grouped split: size " + std::to_string(size));
     CHECK(ncclCommDestroy(halves[r]));
   }
+  // A shrink in one process: the ranks that stay call it in a group.
+  ncclComm_t kept[kRanks] = {};
+  int leaving = kRanks - 1;
+  CHECK(ncclGroupStart());
+  for (int r = 0; r + 1 < kRanks; ++r)
+    CHECK(ncclCommShrink(comms[r], &leaving, 1, &kept[r], nullptr, NCCL_SHRINK_DEFAULT));
+  CHECK(ncclGroupEnd());
+  std::vector<std::vector<float>> sums(kRanks - 1, std::vector<float>(64, 1.0f));
+  CHECK(ncclGroupStart());
+  for (int r = 0; r + 1 < kRanks; ++r)
+    CHECK(ncclAllReduce(sums[r].data(), sums[r].data(), 64, ncclFloat, ncclSum, kept[r], nullptr));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r + 1 < kRanks; ++r) {
+    if (sums[r][63] != kRanks - 1) failed("grouped all-reduce after a grouped shrink");
+    CHECK(ncclCommDestroy(kept[r]));
+  }
   // ncclCommAbort from another thread while a call waits inside the
   // communicator (the other ranks never join it): the call fails, the
   // communicator is freed once the call has left.
@@ -583,6 +596,13 @@ void singleProcess() {
   CHECK(ncclCommAbort(comms[0]));
   waiter.join();
   if (blocked == ncclSuccess) failed("a call waiting in an aborted communicator succeeded");
+  // Revoked: a second revoke and later collectives are refused.
+  CHECK(ncclCommRevoke(comms[1], NCCL_REVOKE_DEFAULT));
+  float one = 1;
+  if (ncclCommRevoke(comms[1], NCCL_REVOKE_DEFAULT) != ncclInvalidArgument)
+    failed("a second ncclCommRevoke was not refused");
+  if (ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comms[1], nullptr) != ncclInvalidUsage)
+    failed("a collective on a revoked communicator was not ncclInvalidUsage");
   for (int r = 1; r < kRanks; ++r) CHECK(ncclCommDestroy(comms[r]));
 }
 
