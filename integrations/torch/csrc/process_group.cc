@@ -582,6 +582,34 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::split(
   return group;
 }
 
+c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<Options>& opts) {
+  const Checks check(rank_, size_, "shrink");
+  if (coalescing_) check.refuse("cannot shrink while coalescing (endCoalescing first)");
+  if (shrinkFlags != 0 && shrinkFlags != 1)
+    check.refuse("shrink_flags is " + std::to_string(shrinkFlags) +
+                 ": it is SHRINK_DEFAULT (0) or SHRINK_ABORT (1)");
+  std::vector<int> excluded;
+  for (int64_t r : ranksToExclude) {
+    check.rankArgument(static_cast<int>(r), "an excluded rank");
+    excluded.push_back(static_cast<int>(r));
+  }
+  const auto flags = shrinkFlags == 1 ? braid::ShrinkFlags::Abort : braid::ShrinkFlags::Default;
+  if (flags == braid::ShrinkFlags::Abort) {
+    comm_.abort();  // what runs and waits on the group's thread fails now
+    if (cudaComm_) cudaComm_->abort();
+  }
+  auto child = std::make_shared<std::optional<braid::Communicator>>();
+  post(c10::Device(c10::kCPU), c10d::OpType::UNKNOWN, {},
+       [child, excluded, flags](Communicator& comm, Stream) {
+         child->emplace(comm.shrink(excluded, flags));
+         return Work();
+       })
+      ->wait();
+  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store_, opts);
+}
+
 ProcessGroupBraid::~ProcessGroupBraid() {
   calls_->stop();  // after every issued call ran (or failed)
 }

@@ -267,6 +267,17 @@ class ProcessGroupBraid : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+  // shrink_group: the ranks not in `ranksToExclude` call it (the others may
+  // be dead, stopped or leaving) and get a group of themselves, ranked in
+  // their old order, without the excluded ranks taking part (braid's
+  // Communicator::shrink). With SHRINK_ABORT (1) the call running and the
+  // queued ones fail first, so a group hung on a dead rank shrinks at once;
+  // with SHRINK_DEFAULT (0) it runs after them. The new group's timeout is
+  // the one `opts` gives, else this group's.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
+                                           int shrinkFlags,
+                                           const c10::intrusive_ptr<Options>& opts) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
