@@ -50,7 +50,8 @@ int usableCores() {
 
 }  // namespace
 
-Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs& k)
+Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs& k,
+                         const std::optional<MeasuredLink>& inherited)
     : rank(boot->rank()),
       nranks(boot->size()),
       knobs(k),
@@ -100,8 +101,13 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     if (!knobs.deterministic) devicePlans.useModel(models.device);
     if (knobs.deterministic)
       link = transport::linkModels(0).host;  // the same choice over every transport
-    else if (knobs.tuning == Tuning::Measured && nranks > 1 && !models.mixed)
-      link = calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
+    else if (knobs.tuning == Tuning::Measured && nranks > 1 && !models.mixed) {
+      // (`used` is the same on every rank, so all inherit or all measure.)
+      link = inherited && inherited->rows == used
+                 ? inherited->link
+                 : calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
+      measuredLink = MeasuredLink{used, link};
+    }
     plans.useModel(link);
     if (knobs.tuning == Tuning::Measured && !knobs.deterministic && nranks > 1)
       plans.timeWith([this](Collective collective, const algo::Shape& shape,

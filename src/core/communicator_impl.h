@@ -100,7 +100,18 @@ class RegisteredWindow {
 };
 
 struct Communicator::Impl {
-  Impl(std::unique_ptr<bootstrap::Bootstrap> bootstrap, const Knobs& knobs);
+  // The link model a communicator measured (BRAID_TUNING=measured), for
+  // one made from it among some of its ranks: `rows` says over which
+  // transports it was measured.
+  struct MeasuredLink {
+    uint32_t rows = 0;
+    algo::LinkModel link;
+  };
+  // `inherited`: the model of the communicator this one is shrunk from,
+  // used instead of measuring again where every pair talks over the same
+  // kinds of transport it was measured over.
+  Impl(std::unique_ptr<bootstrap::Bootstrap> bootstrap, const Knobs& knobs,
+       const std::optional<MeasuredLink>& inherited = std::nullopt);
   ~Impl();
 
   // Looks up the plan of `op` (and keeps it when `keep`). With measured
@@ -192,6 +203,7 @@ struct Communicator::Impl {
   transport::Wiring wiring;
   std::unique_ptr<exec::Executor> executor;
   PlanCache plans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
+  std::optional<MeasuredLink> measuredLink;  // set when this communicator measured its links
   // Per DataType: this communicator's plan shape, all but the count.
   std::array<algo::Shape, kNumDataTypes> shapes;
 

@@ -398,7 +398,7 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
     try {
       auto boot = bootstrap::Bootstrap::fromTable(std::move(listener), std::move(table), newRank,
                                                   decision.secret, deadline);
-      auto child = std::make_unique<Impl>(std::move(boot), childKnobs);
+      auto child = std::make_unique<Impl>(std::move(boot), childKnobs, measuredLink);
       BRAID_INFO(Init, "shrink: rank %d of %d is rank %d of %zu", rank, nranks, newRank,
                  decision.members.size());
       return child;
