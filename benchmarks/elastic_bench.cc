@@ -3,7 +3,9 @@
 // all-reduces, kills the last rank with SIGKILL, and times on every
 // survivor, as the slowest survivor saw it:
 //   detect   from the kill to the survivor's failed all-reduce
-//   shrink   Communicator::shrink() (agreed: no list) and a first all-reduce
+//   shrink   Communicator::shrink() (agreed: no list) and a first all-reduce,
+//            from the moment the last survivor called it (the others wait
+//            there for it: that wait is the spread of `detect`)
 //   usable   from the kill to that all-reduce done: the target is 1 s
 //   fresh    the way without shrink, side by side: a new communicator
 //            among the same survivors (newUniqueId, init, a first all-reduce)
@@ -53,7 +55,8 @@ struct Shared {
   braid::UniqueId id, freshId, growId;
   std::atomic<int64_t> killedAt;  // steady-clock ns: the same clock in every process
   struct Times {
-    std::atomic<int64_t> detect, shrink, usable, fresh, grow;  // ns, 0: none
+    std::atomic<int64_t> detect, usable, fresh, grow;  // ns, 0: none
+    std::atomic<int64_t> shrinkCalled, shrinkDone;     // steady-clock ns
   } times[kMaxRanks];
   std::atomic<int> failures;
 };
@@ -101,15 +104,15 @@ void survivor(Shared& shared, braid::Communicator& comm, int rank, const braid::
   } catch (const braid::Error&) {
     times.detect = now() - shared.killedAt.load();
   }
-  int64_t start = now();
+  times.shrinkCalled = now();
   braid::Communicator shrunk = comm.shrink();
   allReduceOne(shrunk);
-  times.shrink = now() - start;
+  times.shrinkDone = now();
   times.usable = now() - shared.killedAt.load();
 
   // The way without shrink: a fresh communicator among the same ranks.
   shrunk.barrier();
-  start = now();
+  int64_t start = now();
   if (shrunk.rank() == 0)
     publish(shared.freshReady, shared.freshId, braid::Communicator::newUniqueId(config));
   {
@@ -190,6 +193,16 @@ double slowest(const Shared& shared, int survivors, std::atomic<int64_t> Shared:
   return worst / 1e6;
 }
 
+// The shrink as the slowest survivor saw it, from the last one's call.
+double shrinkTime(const Shared& shared, int survivors) {
+  int64_t lastCall = 0, lastDone = 0;
+  for (int r = 0; r < survivors; ++r) {
+    lastCall = std::max(lastCall, shared.times[r].shrinkCalled.load());
+    lastDone = std::max(lastDone, shared.times[r].shrinkDone.load());
+  }
+  return (lastDone - lastCall) / 1e6;
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -253,7 +266,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     detect.push_back(slowest(*shared, survivors, &Shared::Times::detect));
-    shrink.push_back(slowest(*shared, survivors, &Shared::Times::shrink));
+    shrink.push_back(shrinkTime(*shared, survivors));
     usable.push_back(slowest(*shared, survivors, &Shared::Times::usable));
     fresh.push_back(slowest(*shared, survivors, &Shared::Times::fresh));
     grow.push_back(slowest(*shared, survivors, &Shared::Times::grow));
