@@ -1,12 +1,14 @@
 // Survivors go on: revoke() and shrink(), with the ranks left out dead,
 // stopped or alive and leaving. Runs on every host transport (the suite is
 // repeated with BRAID_TRANSPORT, tests/CMakeLists.txt).
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -387,6 +389,93 @@ TEST(Grow, AReplacementRestoresTheSizeAfterAKillAndAShrink) {
         requireEveryCollective(grown);
       },
       options);
+}
+
+// What a process holds: open fds, /dev/shm entries, threads, resident KiB.
+struct Holdings {
+  long fds = 0, segments = 0, threads = 0, residentKiB = 0;
+};
+
+long entries(const char* directory) {
+  long count = 0;
+  if (DIR* dir = ::opendir(directory)) {
+    while (const dirent* entry = ::readdir(dir))
+      if (entry->d_name[0] != '.') ++count;
+    ::closedir(dir);
+  }
+  return count;
+}
+
+Holdings holdings() {
+  Holdings now;
+  now.fds = entries("/proc/self/fd");
+  now.segments = entries("/dev/shm");
+  now.threads = entries("/proc/self/task");
+  long pages = 0, resident = 0;
+  if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(statm, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(statm);
+  }
+  now.residentKiB = resident * (::sysconf(_SC_PAGESIZE) / 1024);
+  return now;
+}
+
+// Three ranks as threads of this process: rank 2 leaves, the others
+// shrink without it, a new rank 2 joins them (grow), a hundred times.
+TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsSegmentsThreadsOrMemoryBehind) {
+  constexpr int kRanks = 3, kCycles = 100;
+  Config config = RunOptions::loopbackConfig();
+  std::vector<Communicator> comms(kRanks);
+  {
+    const UniqueId id = Communicator::newUniqueId(config);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r)
+      threads.emplace_back([&, r] { comms[r] = Communicator::init(kRanks, r, id, config); });
+    for (std::thread& thread : threads) thread.join();
+  }
+  auto cycle = [&] {
+    SharedWithRanks<Handoff> handoff;
+    std::vector<Communicator> next(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r)
+      threads.emplace_back([&, r] {
+        if (r == kRanks - 1) {  // leaves; a new process takes its place
+          comms[r] = Communicator();
+          next[r] = Communicator::init(kRanks, r, await(handoff), config);
+        } else {
+          Communicator shrunk = comms[r].shrink({kRanks - 1});
+          std::optional<UniqueId> made;
+          if (r == 0) {
+            made = shrunk.growId();
+            publish(handoff, *made);
+          }
+          next[r] = shrunk.grow(kRanks, made ? &*made : nullptr);
+          comms[r] = Communicator();  // the parent goes (the shrunk one at the end of this scope)
+        }
+        int32_t one = 1, sum = 0;
+        next[r].allReduce(&one, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        if (sum != kRanks) throw std::runtime_error("wrong sum after a cycle");
+      });
+    for (std::thread& thread : threads) thread.join();
+    comms = std::move(next);
+  };
+  for (int i = 0; i < 3; ++i) cycle();  // warm: pools, caches, the allocator
+  // The rendezvous roots of growId() end once their ranks have met.
+  std::this_thread::sleep_for(milliseconds(200));
+  const Holdings before = holdings();
+  const auto start = steady_clock::now();
+  for (int i = 0; i < kCycles; ++i) cycle();
+  std::this_thread::sleep_for(milliseconds(200));
+  const Holdings after = holdings();
+  std::printf(
+      "%d cycles in %lld ms: fds %ld -> %ld, /dev/shm %ld -> %ld, threads %ld -> %ld, "
+      "resident %ld -> %ld KiB\n",
+      kCycles, msSince(start), before.fds, after.fds, before.segments, after.segments,
+      before.threads, after.threads, before.residentKiB, after.residentKiB);
+  EXPECT_LE(after.fds, before.fds);
+  EXPECT_LE(after.segments, before.segments);
+  EXPECT_LE(after.threads, before.threads);
+  EXPECT_LE(after.residentKiB, before.residentKiB + 16 * 1024);  // the allocator keeps some
 }
 
 }  // namespace
