@@ -396,8 +396,10 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
     Knobs childKnobs = knobs;
     childKnobs.timeout = timeout();
     try {
+      // A timeout of its own: the rendezvous may have waited its whole
+      // timeout for a rank that stopped.
       auto boot = bootstrap::Bootstrap::fromTable(std::move(listener), std::move(table), newRank,
-                                                  decision.secret, deadline);
+                                                  decision.secret, deadlineAfter(timeout()));
       auto child = std::make_unique<Impl>(std::move(boot), childKnobs, measuredLink);
       BRAID_INFO(Init, "shrink: rank %d of %d is rank %d of %zu", rank, nranks, newRank,
                  decision.members.size());
