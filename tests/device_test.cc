@@ -722,6 +722,56 @@ TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStays
   }
 }
 
+// Survivors with device ops queued behind a dead rank: shrink with Abort
+// fails them and releases their streams, and the shrunk communicator runs
+// device collectives right at the new size.
+TEST_P(DeviceTest, SurvivorsShrinkWithOpsQueuedBehindADeadRankAndGoOnOnDeviceBuffers) {
+  constexpr int kRanks = 4, kVictim = 2;
+  RunOptions run = options();
+  run.killed = {kVictim};
+  run.deadline = std::chrono::seconds(60);
+  runRanks(
+      kRanks,
+      [&](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1 << 14;
+        std::vector<float> values(count, static_cast<float>(comm.rank() + 1));
+        DeviceBuffer in(dev, count * 4), out(dev, count * 4);
+        in.upload(values.data());
+        comm.barrier();
+        if (comm.rank() == kVictim) {
+          std::this_thread::sleep_for(milliseconds(100));
+          ::raise(SIGKILL);
+        }
+        std::vector<Work> queued;
+        try {
+          for (int i = 0; i < 40; ++i)
+            queued.push_back(comm.allReduce(in.data(), out.data(), count, DataType::Float32,
+                                            ReduceOp::Sum, stream.stream()));
+        } catch (const Error&) {  // the death was seen while enqueueing
+        }
+        std::this_thread::sleep_for(milliseconds(300));
+        Communicator shrunk = comm.shrink({kVictim}, ShrinkFlags::Abort);
+        const auto before = steady_clock::now();
+        stream.synchronize();
+        require(steady_clock::now() - before < std::chrono::seconds(2),
+                "the stream stayed blocked after the shrink");
+        require(shrunk.size() == kRanks - 1 && shrunk.device() == dev, "the shrunk communicator");
+        std::fill(values.begin(), values.end(), static_cast<float>(shrunk.rank() + 1));
+        in.upload(values.data());
+        shrunk
+            .allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum,
+                       stream.stream())
+            .wait();
+        const std::vector<std::byte> got = out.download();
+        const auto* sums = reinterpret_cast<const float*>(got.data());
+        for (size_t j = 0; j < count; j += 997)
+          require(sums[j] == 6.0f, format("element %zu is %g after the shrink, not 6", j, sums[j]));
+      },
+      run);
+}
+
 // A rank that never issues the op, whatever the all-reduce algorithm: the
 // others time out within the timeout and its grace, each naming it, not a
 // peer that waits for it too and so owes data as well; and their streams
