@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -258,6 +259,77 @@ TEST(Shrink, AStoppedRankIsLeftOutOnceItPassedTheTimeout) {
         requireEveryCollective(child);
       },
       options);
+}
+
+// Runs collective `which` (0-5: all-reduce, all-gather, reduce-scatter,
+// broadcast, reduce, a ring of sends) over and over until one fails.
+void oneCollectiveUntilFailure(Communicator& comm, int which) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t count = 1 << 12;
+  std::vector<float> in(count * n, 1.0f), out(count * n);
+  try {
+    for (int i = 0;; ++i) switch (which) {
+        case 0:
+          comm.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          break;
+        case 1:
+          comm.allGather(in.data(), out.data(), count, DataType::Float32);
+          break;
+        case 2:
+          comm.reduceScatter(in.data(), out.data(), count, DataType::Float32, ReduceOp::Max);
+          break;
+        case 3:
+          comm.broadcast(in.data(), out.data(), count, DataType::Float32, i % n);
+          break;
+        case 4:
+          comm.reduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum, i % n);
+          break;
+        default:
+          comm.groupStart();
+          comm.send(in.data(), count, DataType::Float32, (r + 1) % n);
+          comm.recv(out.data(), count, DataType::Float32, (r + n - 1) % n);
+          comm.groupEnd();
+      }
+  } catch (const Error&) {
+  }
+}
+
+// A rank killed, or aborting and leaving, at a random moment of each kind
+// of collective, at 3 to 6 ranks: the others agree on it, shrink, and
+// every collective is right at the new size.
+TEST(Shrink, AfterAFaultAtARandomMomentOfEachCollectiveEveryCollectiveIsRight) {
+  std::mt19937 moments(20261203);
+  for (int which = 0; which < 6; ++which) {
+    const int n = 3 + static_cast<int>(moments() % 4);
+    const int victim = static_cast<int>(moments() % n);
+    const bool kill = moments() % 2 == 0;
+    const auto delay = std::chrono::microseconds(moments() % 20000);
+    SCOPED_TRACE(format("collective %d at %d ranks, rank %d %s after %lld us", which, n, victim,
+                        kill ? "killed" : "aborts and leaves",
+                        static_cast<long long>(delay.count())));
+    RunOptions options;
+    if (kill) options.killed = {victim};
+    options.config.timeout = std::chrono::seconds(30);
+    runRanks(
+        n,
+        [&](Communicator& comm) {
+          comm.barrier();
+          if (comm.rank() == victim) {
+            std::this_thread::sleep_for(delay);
+            if (kill) ::raise(SIGKILL);
+            comm.abort();
+            return;  // destroys its communicator: gone
+          }
+          oneCollectiveUntilFailure(comm, which);
+          Communicator child = comm.shrink();
+          require(child.size() == n - 1, format("shrunk to %d", child.size()));
+          require(child.rank() == (comm.rank() < victim ? comm.rank() : comm.rank() - 1),
+                  "the new rank");
+          requireEveryCollective(child);
+        },
+        options);
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 TEST(Shrink, BadListsAreRefusedNamingTheArgumentAndTheCommunicatorStaysUsable) {
