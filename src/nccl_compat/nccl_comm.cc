@@ -153,6 +153,27 @@ ncclResult_t create(ncclComm* comm, std::function<Communicator()> make) {
   return ncclInProgress;
 }
 
+// A communicator made from `parent` by `make` (a shrink, a grow): it keeps
+// the parent's device and blocking mode unless `config` says otherwise, and
+// is made as create() says (now, at ncclGroupEnd, or on a thread of its own).
+ncclResult_t childOf(ncclComm* parent, ncclConfig_t* config, const char* fn, ncclComm_t* newcomm,
+                     std::function<Communicator(Communicator&)> make) {
+  auto child = std::make_unique<ncclComm>();
+  child->device = parent->device;
+  child->blocking = parent->blocking;
+  readConfig(config, child.get(), fn);
+  Communicator* from = &parent->comm;
+  ncclComm* handle = child.release();
+  *newcomm = handle;
+  try {
+    return create(handle, [from, make = std::move(make)] { return make(*from); });
+  } catch (...) {
+    *newcomm = nullptr;
+    delete handle;
+    throw;
+  }
+}
+
 ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
                       const ncclConfig_t* config, const char* fn) {
   return guarded(fn, [&] {
@@ -484,22 +505,9 @@ NCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList,
     std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
     const braid::ShrinkFlags flags =
         shrinkFlags == NCCL_SHRINK_ABORT ? braid::ShrinkFlags::Abort : braid::ShrinkFlags::Default;
-    auto child = std::make_unique<ncclComm>();
-    child->device = comm->device;
-    child->blocking = comm->blocking;
-    readConfig(config, child.get(), fn);
-    Communicator* parent = &comm->comm;
-    ncclComm* handle = child.release();
-    *newcomm = handle;
-    ncclResult_t result;
-    try {
-      result = create(handle, [=] { return parent->shrink(excluded, flags); });
-    } catch (...) {
-      *newcomm = nullptr;
-      delete handle;
-      throw;
-    }
-    return result;
+    return childOf(comm, config, fn, newcomm, [excluded, flags](Communicator& parent) {
+      return parent.shrink(excluded, flags);
+    });
   });
 }
 
@@ -535,24 +543,11 @@ NCCL_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUn
       return badArgument(
           fn, format("argument 'rank' is %d: a member keeps its rank and passes -1", rank));
     comm->waitReady();
-    auto child = std::make_unique<ncclComm>();
-    child->device = comm->device;
-    child->blocking = comm->blocking;
-    readConfig(config, child.get(), fn);
-    Communicator* parent = &comm->comm;
     std::optional<braid::UniqueId> id;
     if (uniqueId) id = idOf(*uniqueId);
-    ncclComm* handle = child.release();
-    *newcomm = handle;
-    ncclResult_t result;
-    try {
-      result = create(handle, [=] { return parent->grow(nRanks, id ? &*id : nullptr); });
-    } catch (...) {
-      *newcomm = nullptr;
-      delete handle;
-      throw;
-    }
-    return result;
+    return childOf(comm, config, fn, newcomm, [nRanks, id](Communicator& parent) {
+      return parent.grow(nRanks, id ? &*id : nullptr);
+    });
   });
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "benchmarks/peers/nccl_device_calls.h"
+#include "nccl_call.h"
 
 namespace {
 
@@ -28,15 +29,7 @@ void failed(const std::string& what) {
   if (++gFailures <= 20) fprintf(stderr, "nccl_device_program: %s\n", what.c_str());
 }
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    ncclResult_t result_ = (call);                                                    \
-    if (result_ != ncclSuccess) {                                                     \
-      failed(std::string(#call) + " returned " + ncclGetErrorString(result_) + ": " + \
-             ncclGetLastError(nullptr));                                              \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+#define CHECK(call) NCCL_CALL_OR(call, exit(1))
 
 void deviceCall(int status, const char* what) {
   braid::peers::NcclDeviceCalls::check(status, "nccl_device_program", what);

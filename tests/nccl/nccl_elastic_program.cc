@@ -26,6 +26,8 @@ extern "C" ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniq
                                      int rank, ncclComm_t* newcomm, ncclConfig_t* config);
 #endif
 
+#include "nccl_call.h"
+
 namespace {
 
 constexpr int kRanks = 4;
@@ -37,15 +39,7 @@ void failed(const std::string& what) {
   fprintf(stderr, "rank %d: %s\n", gRank, what.c_str());
 }
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    ncclResult_t result_ = (call);                                                    \
-    if (result_ != ncclSuccess) {                                                     \
-      failed(std::string(#call) + " returned " + ncclGetErrorString(result_) + ": " + \
-             ncclGetLastError(nullptr));                                              \
-      return;                                                                         \
-    }                                                                                 \
-  } while (0)
+#define CHECK(call) NCCL_CALL_OR(call, return )
 
 struct Shared {
   ncclUniqueId id;

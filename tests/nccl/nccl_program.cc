@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_call.h"
+
 namespace {
 
 int gRank = 0, gRanks = 0;
@@ -33,15 +35,7 @@ void failed(const std::string& what) {
   if (++gFailures <= 20) fprintf(stderr, "rank %d: %s\n", gRank, what.c_str());
 }
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    ncclResult_t result_ = (call);                                                    \
-    if (result_ != ncclSuccess) {                                                     \
-      failed(std::string(#call) + " returned " + ncclGetErrorString(result_) + ": " + \
-             ncclGetLastError(nullptr));                                              \
-      return;                                                                         \
-    }                                                                                 \
-  } while (0)
+#define CHECK(call) NCCL_CALL_OR(call, return )
 
 // ---- element values as doubles, in every datatype the test uses
 
