@@ -175,7 +175,8 @@ TEST(Shrink, KilledRankLeftOutByEveryListedSurvivorWithAbort) {
         Communicator child = comm.shrink({1}, ShrinkFlags::Abort);
         require(child.size() == 3, format("size %d", child.size()));
         requireEveryCollective(child);
-        require(msSince(start) < 5000, format("shrink took %lld ms", msSince(start)));
+        // Well within the 30 s timeout: nobody waited for the dead rank.
+        require(msSince(start) < 15000, format("shrink took %lld ms", msSince(start)));
       },
       options);
 }
@@ -200,7 +201,8 @@ TEST(Shrink, AgreedAfterAKillLeavesOutOnlyTheDeadRank) {
         require(child.size() == 4, format("size %d", child.size()));
         require(child.rank() == comm.rank() - 1, format("rank %d", child.rank()));
         requireEveryCollective(child);
-        require(msSince(start) < 5000, format("shrink took %lld ms", msSince(start)));
+        // Well within the 30 s timeout: nobody waited for the dead rank.
+        require(msSince(start) < 15000, format("shrink took %lld ms", msSince(start)));
       },
       options);
 }
@@ -464,9 +466,10 @@ TEST(Grow, AReplacementRestoresTheSizeAfterAKillAndAShrink) {
       options);
 }
 
-// What a process holds: open fds, /dev/shm entries, threads, resident KiB.
+// What a process holds: open fds, shared mappings (segments of shared
+// memory), threads, resident KiB.
 struct Holdings {
-  long fds = 0, segments = 0, threads = 0, residentKiB = 0;
+  long fds = 0, shared = 0, threads = 0, residentKiB = 0;
 };
 
 long entries(const char* directory) {
@@ -482,7 +485,14 @@ long entries(const char* directory) {
 Holdings holdings() {
   Holdings now;
   now.fds = entries("/proc/self/fd");
-  now.segments = entries("/dev/shm");
+  if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), maps)) {
+      char perms[8] = "";
+      if (std::sscanf(line, "%*s %7s", perms) == 1 && perms[3] == 's') ++now.shared;
+    }
+    std::fclose(maps);
+  }
   now.threads = entries("/proc/self/task");
   long pages = 0, resident = 0;
   if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
@@ -495,7 +505,7 @@ Holdings holdings() {
 
 // Three ranks as threads of this process: rank 2 leaves, the others
 // shrink without it, a new rank 2 joins them (grow), a hundred times.
-TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsSegmentsThreadsOrMemoryBehind) {
+TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsMappingsThreadsOrMemoryBehind) {
   constexpr int kRanks = 3, kCycles = 100;
   // One malloc arena: glibc gives each thread that allocates an arena of
   // its own and keeps what is freed there for reuse, which would read as
@@ -545,14 +555,17 @@ TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsSegmentsThreadsOrMemoryBehind) {
   std::this_thread::sleep_for(milliseconds(200));
   const Holdings after = holdings();
   std::printf(
-      "%d cycles in %lld ms: fds %ld -> %ld, /dev/shm %ld -> %ld, threads %ld -> %ld, "
+      "%d cycles in %lld ms: fds %ld -> %ld, shared mappings %ld -> %ld, threads %ld -> %ld, "
       "resident %ld -> %ld KiB\n",
-      kCycles, msSince(start), before.fds, after.fds, before.segments, after.segments,
-      before.threads, after.threads, before.residentKiB, after.residentKiB);
+      kCycles, msSince(start), before.fds, after.fds, before.shared, after.shared, before.threads,
+      after.threads, before.residentKiB, after.residentKiB);
   EXPECT_LE(after.fds, before.fds);
-  EXPECT_LE(after.segments, before.segments);
+  EXPECT_LE(after.shared, before.shared);
   EXPECT_LE(after.threads, before.threads);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (A sanitizer's allocator holds freed memory back on purpose.)
   EXPECT_LE(after.residentKiB, before.residentKiB + 16 * 1024);  // the allocator keeps some
+#endif
 }
 
 }  // namespace
