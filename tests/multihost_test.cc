@@ -303,6 +303,44 @@ TEST(MultiHost, AThrottledLinkSlowsTheJobButEveryResultIsRight) {
       options);
 }
 
+// Two hosts of two ranks (tcp across, shm within): a rank of host 1 is
+// killed; the three survivors agree on it, shrink, and the shrunk
+// communicator runs collectives across the hosts; then a rank of host 0
+// leaves, alive, and the other two shrink without it by a list.
+TEST(MultiHost, SurvivorsAcrossHostsShrinkAfterAKillAndAfterALeave) {
+  NamespaceHosts hosts(2);
+  if (!hosts.ready()) GTEST_SKIP() << hosts.why();
+  RunOptions options = onHosts(
+      hosts, [](int rank) { return rank / 2; }, std::chrono::seconds(30), std::chrono::seconds(90));
+  options.killed = {3};
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        auto sumIsRight = [](Communicator& c) {
+          std::vector<int32_t> in(4096, c.rank() + 1), out(4096);
+          c.allReduce(in.data(), out.data(), in.size(), DataType::Int32, ReduceOp::Sum);
+          require(out[4095] == c.size() * (c.size() + 1) / 2, format("sum %d", out[4095]));
+        };
+        sumIsRight(comm);
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          ::raise(SIGKILL);
+        }
+        try {
+          for (;;) sumIsRight(comm);
+        } catch (const Error&) {
+        }
+        Communicator three = comm.shrink();
+        require(three.size() == 3 && three.rank() == comm.rank(), "shrunk to 3");
+        sumIsRight(three);
+        if (three.rank() == 0) return;  // leaves
+        Communicator two = three.shrink({0});
+        require(two.size() == 2, "shrunk to 2");
+        sumIsRight(two);  // across the hosts: rank 1 on host 0, rank 2 on host 1
+      },
+      options);
+}
+
 // Network faults between two namespace hosts, in the middle of all-reduce
 // loops over tcp (runNetworkFault), at every moment of faultMoments(): the
 // link taken down; a silent partition (blackhole routes both ways: packets
