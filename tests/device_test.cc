@@ -722,6 +722,40 @@ TEST_P(DeviceTest, AKilledPeerFailsEverySurvivorWithinTwoSecondsAndNoStreamStays
   }
 }
 
+// A rank revokes while the others' device all-reduce waits for it: their
+// ops fail with Revoked naming it, and their streams run on.
+TEST_P(DeviceTest, ARevokeFailsThePeersDeviceOpsNamingTheRankAndReleasesTheirStreams) {
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        DeviceBuffer in(dev, 4096), out(dev, 4096);
+        comm.barrier();
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(milliseconds(200));
+          comm.revoke();
+          return;
+        }
+        Work work = comm.allReduce(in.data(), out.data(), 1024, DataType::Float32, ReduceOp::Sum,
+                                   stream.stream());
+        try {
+          work.wait();
+          require(false, "the all-reduce completed without rank 2");
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          require(error.code() == ErrorCode::Revoked, "expected Revoked: " + what);
+          require(what.find("rank 2 revoked") != std::string::npos,
+                  "the error does not name rank 2: " + what);
+        }
+        const auto before = steady_clock::now();
+        stream.synchronize();
+        require(steady_clock::now() - before < std::chrono::seconds(2),
+                "the stream stayed blocked after the revoke");
+      },
+      options());
+}
+
 // Survivors with device ops queued behind a dead rank: shrink with Abort
 // fails them and releases their streams, and the shrunk communicator runs
 // device collectives right at the new size.

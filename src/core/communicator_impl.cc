@@ -188,7 +188,7 @@ void Communicator::Impl::setUpDevice() {
   for (const auto& [way, count] : ways)
     reach += format("%s%d over %s", reach.empty() ? "" : ", ", count, way.c_str());
   deviceExecutor = std::make_unique<exec::DeviceExecutor>(
-      *device, std::move(connections), rank, nranks, deviceIndex, timeoutMs, aborted,
+      *device, std::move(connections), rank, nranks, deviceIndex, timeoutMs, aborted, revoked,
       [this](const Error& error, int blamed, transport::GiveUpReason reason) {
         recordFailure(error, blamed, reason);
       });

@@ -31,7 +31,8 @@ constexpr size_t kScratchAlignment = 256;
 DeviceExecutor::DeviceExecutor(device::Device& device,
                                std::unique_ptr<transport::DeviceTransport> transport, int rank,
                                int nranks, int deviceIndex, const std::atomic<int64_t>& timeoutMs,
-                               const std::atomic<bool>& aborted, OnFailure onFailure)
+                               const std::atomic<bool>& aborted, const std::atomic<bool>& revoked,
+                               OnFailure onFailure)
     : device_(device),
       transport_(std::move(transport)),
       rank_(rank),
@@ -39,6 +40,7 @@ DeviceExecutor::DeviceExecutor(device::Device& device,
       deviceIndex_(deviceIndex),
       timeoutMs_(timeoutMs),
       aborted_(aborted),
+      revoked_(revoked),
       onFailure_(std::move(onFailure)),
       slotBytes_(transport_->slotBytes()),
       slots_(static_cast<uint64_t>(transport_->slots())),
@@ -70,7 +72,9 @@ DeviceExecutor::~DeviceExecutor() {
   // Stuck ops fail at their deadline (the watchdog then releases them).
   changed_.wait(lock, [&] { return ops_.empty(); });
   // An aborted communicator's peers must not wait for it: they fail.
-  if (failure_ || aborted_.load(std::memory_order_relaxed))
+  if (revoked_.load(std::memory_order_relaxed))
+    transport_->announceFailure(rank_, transport::GiveUpReason::Revoked);
+  else if (failure_ || aborted_.load(std::memory_order_relaxed))
     transport_->announceFailure(-1, transport::GiveUpReason::Failed);
   else
     transport_->sayGoodbye();

@@ -92,7 +92,8 @@ class DeviceExecutor {
 
   DeviceExecutor(device::Device& device, std::unique_ptr<transport::DeviceTransport> transport,
                  int rank, int nranks, int deviceIndex, const std::atomic<int64_t>& timeoutMs,
-                 const std::atomic<bool>& aborted, OnFailure onFailure);
+                 const std::atomic<bool>& aborted, const std::atomic<bool>& revoked,
+                 OnFailure onFailure);
   // Waits until every op completed or failed (a stuck one fails at its
   // deadline), tells the peers this rank leaves, and frees everything.
   ~DeviceExecutor();
@@ -246,6 +247,7 @@ class DeviceExecutor {
     return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
   }
   const std::atomic<bool>& aborted_;
+  const std::atomic<bool>& revoked_;  // this rank revoked the communicator (aborted_ is set too)
   OnFailure onFailure_;
   const size_t slotBytes_;
   const uint64_t slots_;

@@ -288,11 +288,17 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
                            rank_, notice.peer)),
               notice.peer, transport::GiveUpReason::Failed);
   }
-  if (!failure_ && aborted_.load(std::memory_order_relaxed))
-    failAll(Error(ErrorCode::Aborted,
-                  format("braid rank %d: %s: the communicator was aborted", rank_,
-                         ops_.empty() ? "device ops" : ops_.front().info.describe().c_str())),
-            -1, transport::GiveUpReason::Failed);
+  if (!failure_ && aborted_.load(std::memory_order_relaxed)) {
+    // A revoke is told to the peers as one, naming this rank.
+    const bool revoked = revoked_.load(std::memory_order_relaxed);
+    failAll(Error(revoked ? ErrorCode::Revoked : ErrorCode::Aborted,
+                  format("braid rank %d: %s: %s", rank_,
+                         ops_.empty() ? "device ops" : ops_.front().info.describe().c_str(),
+                         revoked ? "this rank revoked the communicator"
+                                 : "the communicator was aborted")),
+            revoked ? rank_ : -1,
+            revoked ? transport::GiveUpReason::Revoked : transport::GiveUpReason::Failed);
+  }
   if (!failure_ && passed < ops_.size()) {
     int blamed = -1;
     if (std::optional<Error> late = checkDeadline(ops_[passed], &blamed))
