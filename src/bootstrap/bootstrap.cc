@@ -350,15 +350,19 @@ net::Socket Bootstrap::acceptFrom(int peer, uint32_t purpose, net::Deadline dead
   }
 }
 
-net::Socket Bootstrap::tryConnectTo(int peer, uint32_t purpose, net::Deadline deadline) {
+net::Socket Bootstrap::tryConnectTo(int peer, uint32_t purpose, net::Deadline deadline,
+                                    int* errnum) {
   checkPeer(peer, "tryConnectTo");
-  int errnum = 0;
-  net::Socket socket = net::Socket::connectOnce(table_[peer].listen, deadline, &errnum);
-  if (!socket.valid()) return socket;
+  net::Socket socket = net::Socket::connectOnce(table_[peer].listen, deadline, errnum);
+  if (!socket.valid()) {
+    if (*errnum == 0 || *errnum == EINPROGRESS) *errnum = ETIMEDOUT;
+    return socket;
+  }
   auto hello = encodeHello(secret_, rank_, purpose);
   try {
     socket.sendAll(hello.data(), hello.size(), deadline, format("rank %d", peer));
-  } catch (const Error&) {
+  } catch (const Error& error) {
+    *errnum = error.code() == ErrorCode::Timeout ? ETIMEDOUT : ECONNRESET;
     return net::Socket();
   }
   return socket;

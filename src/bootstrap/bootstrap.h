@@ -95,12 +95,14 @@ class Bootstrap {
   // Connections that arrive for other (peer, purpose) pairs are kept for
   // their own acceptFrom(); strangers are dropped with a warning.
   net::Socket acceptFrom(int peer, uint32_t purpose, net::Deadline deadline);
-  // One attempt at connectTo(): an invalid socket when `peer`'s listener
-  // is gone (its process exited or died: the connection was refused or
-  // reset) or did not answer by `deadline`.
-  net::Socket tryConnectTo(int peer, uint32_t purpose, net::Deadline deadline);
-  // The oldest connection any peer opened with connectTo(rank(), purpose),
-  // and that peer; {-1, invalid} when none came by `until`.
+  // One attempt at connectTo(): an invalid socket when it failed, with the
+  // reason in *errnum: ECONNREFUSED or ECONNRESET when `peer`'s listener is
+  // gone (its process exited or died), ETIMEDOUT when nothing answered by
+  // `deadline`.
+  net::Socket tryConnectTo(int peer, uint32_t purpose, net::Deadline deadline, int* errnum);
+  // A connection some peer opened with connectTo(rank(), purpose) (the
+  // lowest such peer's first), and that peer; {-1, invalid} when none came
+  // by `until`.
   std::pair<int, net::Socket> acceptAny(uint32_t purpose, net::Deadline until);
 
  private:

@@ -18,16 +18,19 @@
 // nor dies by the deadline is left out as stopped.
 //
 // A joiner whose coordinator dies (its connection is refused or reset)
-// turns to the next rank up; one that braid saw fail and that does not
-// acknowledge within kAckWithin is passed over the same way. With the
-// decision every member builds the communicator (Bootstrap::fromTable, then
-// the usual wiring); in an agreed shrink, a member that dies meanwhile
-// makes the others start over without it.
+// turns to the next rank up. One that is there but does not answer is
+// waited for until the timeout, never passed over: two groups of
+// survivors could form otherwise. With the decision every member builds
+// the communicator (Bootstrap::fromTable, then the usual wiring); in an
+// agreed shrink, a member that dies meanwhile makes the others start over
+// without it, in a round of their own.
 #include <poll.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "core/arguments.h"
 #include "core/communicator_impl.h"
@@ -43,9 +46,11 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kJoin = 0x4a4e5242;      // "BRNJ"
 constexpr uint32_t kAck = 0x4b414252;       // "RBAK"
 constexpr uint32_t kDecision = 0x43445242;  // "BRDC"
-// A coordinator that braid saw fail must acknowledge a join this soon, or
-// the joiner passes it over (it may be stopped: its kernel still accepts).
-constexpr auto kAckWithin = 1s;
+// One attempt to connect to a rank's listener (a joiner tries again until
+// its deadline; a refusal means the rank is gone), and the coordinator's
+// attempt at a watch on a rank it waits for.
+constexpr auto kConnectAttempt = 1s;
+constexpr auto kWatchAttempt = 200ms;
 // How long the coordinator sleeps in the listener between looks at the
 // ranks it waits for.
 constexpr auto kLookEvery = 20ms;
@@ -63,7 +68,7 @@ struct JoinHeader {
   int32_t rank;
   uint32_t agreed;  // 1: shrink() without a list
   uint32_t round;
-  char listen[64];  // this rank's listener for the new communicator
+  char listen[128];  // this rank's listener for the new communicator
 };
 
 struct DecisionHeader {
@@ -77,7 +82,7 @@ struct DecisionHeader {
 
 struct Member {
   int32_t rank;
-  char listen[64];
+  char listen[128];
 };
 
 // What every rank of the parent is to this one: 0 expected, else out.
@@ -105,26 +110,27 @@ struct Decision {
 
 class Rendezvous {
  public:
-  Rendezvous(Communicator::Impl& impl, std::vector<uint8_t> known, bool agreed,
-             net::Deadline deadline)
+  Rendezvous(Communicator::Impl& impl, std::vector<uint8_t> known, bool agreed)
       : impl_(impl),
         n_(impl.nranks),
         known_(std::move(known)),
         agreed_(agreed),
-        deadline_(deadline),
         purpose_(joinPurpose(impl.shrinks)),
         watch_(watchPurpose(impl.shrinks)) {}
 
-  // This round's decision, with this rank's listener for the new
-  // communicator at `listen`.
+  // Round `round`'s decision, with this rank's listener for the new
+  // communicator at `listen`. Each round has the communicator's timeout.
   Decision run(const std::string& listen, uint32_t round) {
     listen_ = listen;
     round_ = round;
+    deadline_ = deadlineAfter(impl_.timeout());
+    // Ranks enter at different moments: a joiner waits for the decision
+    // up to a timeout longer than the coordinator waits for the joins.
+    decisionDeadline_ = deadline_ + impl_.timeout();
     for (int c = 0; c < n_; ++c) {
       if (known_[c] == kExcluded || known_[c] == kGone) continue;
       if (c == impl_.rank) return coordinate();
-      std::optional<Decision> decided = join(c);
-      if (decided) return *decided;
+      if (std::optional<Decision> decided = join(c)) return *decided;
     }
     fail(ErrorCode::Internal, impl_.rank, "shrink: no coordinator left, this rank included");
   }
@@ -134,12 +140,29 @@ class Rendezvous {
     fail(code, impl_.rank, "shrink: " + what);
   }
 
-  // Joins coordinator `c`: the decision, or nothing when `c` is gone.
+  [[noreturn]] void notAnswering(int c) const {
+    failHere(ErrorCode::Timeout,
+             format("rank %d, the lowest rank not known to be gone, did not answer within the "
+                    "timeout (%lld ms); if it stopped, shrink() with a list that names it leaves "
+                    "it out",
+                    c, static_cast<long long>(impl_.timeout().count())));
+  }
+
+  // Joins coordinator `c`: the decision, or nothing when `c` is gone (its
+  // listener refuses, or its connection closes before it decided). A
+  // coordinator that is there but slow is waited for: passing it over
+  // could make two groups of survivors.
   std::optional<Decision> join(int c) {
-    const bool suspect = known_[c] == kSawFail;
-    net::Socket socket =
-        impl_.bootstrap->tryConnectTo(c, purpose_, std::min(deadline_, Clock::now() + kAckWithin));
-    if (!socket.valid()) return passOver(c, "its listener refused the connection");
+    net::Socket socket;
+    for (;;) {
+      int errnum = 0;
+      socket = impl_.bootstrap->tryConnectTo(
+          c, purpose_, std::min(deadline_, Clock::now() + kConnectAttempt), &errnum);
+      if (socket.valid()) break;
+      if (errnum == ECONNREFUSED || errnum == ECONNRESET)
+        return passOver(c, "its listener refused the connection");
+      if (Clock::now() >= deadline_) notAnswering(c);
+    }
     std::vector<std::byte> message(sizeof(JoinHeader) + static_cast<size_t>(n_));
     JoinHeader header{};
     header.magic = kJoin;
@@ -150,48 +173,54 @@ class Rendezvous {
     std::memcpy(message.data(), &header, sizeof(header));
     std::memcpy(message.data() + sizeof(header), known_.data(), known_.size());
     const std::string who = format("coordinator %d", c);
+    DecisionHeader decided{};
     try {
       socket.sendAll(message.data(), message.size(), deadline_, who);
       uint32_t ack = 0;
-      socket.recvAll(&ack, sizeof(ack),
-                     suspect ? std::min(deadline_, Clock::now() + kAckWithin) : deadline_, who);
+      socket.recvAll(&ack, sizeof(ack), deadline_, who);
       if (ack != kAck)
         failHere(ErrorCode::Internal, format("rank %d answered a join with %08x", c, ack));
-      return readDecision(socket, who);
+      socket.recvAll(&decided, sizeof(decided), decisionDeadline_, who);
     } catch (const Error& error) {
-      if (error.code() == ErrorCode::Timeout && !suspect) throw;
-      if (error.code() != ErrorCode::Timeout && error.code() != ErrorCode::RemoteError &&
-          error.code() != ErrorCode::SystemError)
-        throw;
-      return passOver(
-          c, error.code() == ErrorCode::Timeout ? "it did not answer" : "its connection closed");
+      if (error.code() == ErrorCode::Timeout) notAnswering(c);
+      if (error.code() != ErrorCode::RemoteError && error.code() != ErrorCode::SystemError) throw;
+      return passOver(c, "its connection closed before it decided");
     }
+    if (decided.magic != kDecision || decided.round != round_)
+      failHere(ErrorCode::Internal, format("%s sent a malformed decision", who.c_str()));
+    decided.what[sizeof(decided.what) - 1] = '\0';
+    if (decided.code >= 0) throw Error(static_cast<ErrorCode>(decided.code), decided.what);
+    return readMembers(socket, decided, who);
   }
 
   std::optional<Decision> passOver(int c, const char* why) {
     if (!agreed_)
       failHere(ErrorCode::RemoteError,
                format("rank %d, which is not excluded, is gone: %s", c, why));
+    if (Clock::now() >= deadline_)
+      failHere(
+          ErrorCode::Timeout,
+          format("rank %d, which coordinated, is gone (%s) and the timeout has passed", c, why));
     BRAID_INFO(Init, "shrink: rank %d is gone (%s): the next rank coordinates", c, why);
     known_[c] = kGone;
     return std::nullopt;
   }
 
-  Decision readDecision(net::Socket& socket, const std::string& who) {
-    DecisionHeader header{};
-    socket.recvAll(&header, sizeof(header), deadline_, who);
-    if (header.magic != kDecision)
-      failHere(ErrorCode::Internal, format("%s sent a malformed decision", who.c_str()));
-    header.what[sizeof(header.what) - 1] = '\0';
-    if (header.code >= 0) throw Error(static_cast<ErrorCode>(header.code), header.what);
+  // The members the coordinator decided on, checked: ascending ranks of
+  // this communicator.
+  Decision readMembers(net::Socket& socket, const DecisionHeader& header, const std::string& who) {
     if (header.members == 0 || header.members > static_cast<uint32_t>(n_))
       failHere(ErrorCode::Internal,
                format("%s decided on %u members", who.c_str(), header.members));
     std::vector<Member> members(header.members);
-    socket.recvAll(members.data(), members.size() * sizeof(Member), deadline_, who);
+    socket.recvAll(members.data(), members.size() * sizeof(Member), decisionDeadline_, who);
     Decision decision;
     decision.secret = header.secret;
     for (Member& member : members) {
+      if (member.rank < 0 || member.rank >= n_ ||
+          (!decision.members.empty() && member.rank <= decision.members.back()))
+        failHere(ErrorCode::Internal,
+                 format("%s decided on rank %d out of order or range", who.c_str(), member.rank));
       member.listen[sizeof(member.listen) - 1] = '\0';
       decision.members.push_back(member.rank);
       decision.listen.emplace_back(member.listen);
@@ -210,12 +239,16 @@ class Rendezvous {
     std::vector<Joiner> ranks(static_cast<size_t>(n_));
     std::string problem;  // explicit lists that differ
     auto expected = [&](int r) { return r != impl_.rank && known_[r] == kExpected; };
-    // A connection to each expected rank's listener, reset when it dies.
+    // A connection to each expected rank's listener, which the kernel
+    // resets when that process dies. One that does not connect at once
+    // is waited for without it.
     for (int r = 0; r < n_; ++r)
       if (expected(r)) {
+        int errnum = 0;
         ranks[r].socket = impl_.bootstrap->tryConnectTo(
-            r, watch_, std::min(deadline_, Clock::now() + kAckWithin));
-        if (!ranks[r].socket.valid()) gone(r, ranks, "its listener refused the connection");
+            r, watch_, std::min(deadline_, Clock::now() + kWatchAttempt), &errnum);
+        if (errnum == ECONNREFUSED || errnum == ECONNRESET)
+          gone(r, ranks, "its listener refused the connection");
       }
     for (;;) {
       bool waiting = false;
@@ -230,9 +263,14 @@ class Rendezvous {
       if (!goneProblem_.empty()) return refuse(ranks, ErrorCode::RemoteError, goneProblem_);
       if (!waiting) break;
       if (Clock::now() >= deadline_) {
+        // The joins that came meanwhile count.
+        for (auto [from, socket] = impl_.bootstrap->acceptAny(purpose_, Clock::now());
+             socket.valid(); std::tie(from, socket) = impl_.bootstrap->acceptAny(purpose_, {}))
+          admit(from, std::move(socket), ranks, &problem);
         std::vector<int> missing;
         for (int r = 0; r < n_; ++r)
           if (expected(r) && !ranks[r].joined) missing.push_back(r);
+        if (missing.empty()) break;
         if (!agreed_)
           return refuse(
               ranks, ErrorCode::Timeout,
@@ -267,16 +305,17 @@ class Rendezvous {
     known_[r] = kGone;
   }
 
-  // A join from `from`: read, acknowledged, merged.
+  // A join from `from`: read, acknowledged, merged. One of an earlier
+  // round (its sender has moved on) is dropped.
   void admit(int from, net::Socket socket, std::vector<Joiner>& ranks, std::string* problem) {
     const std::string who = format("rank %d", from);
     std::vector<std::byte> message(sizeof(JoinHeader) + static_cast<size_t>(n_));
     JoinHeader header{};
     try {
-      socket.recvAll(message.data(), message.size(), std::min(deadline_, Clock::now() + kAckWithin),
-                     who);
+      socket.recvAll(message.data(), message.size(),
+                     std::min(deadline_, Clock::now() + kConnectAttempt), who);
       std::memcpy(&header, message.data(), sizeof(header));
-      if (header.magic != kJoin || header.rank != from) return;  // not a join: dropped
+      if (header.magic != kJoin || header.rank != from || header.round < round_) return;
       const uint32_t ack = kAck;
       socket.sendAll(&ack, sizeof(ack), deadline_, who);
     } catch (const Error&) {
@@ -296,7 +335,8 @@ class Rendezvous {
                             known_[r] == kExcluded ? "excludes it" : "keeps it");
     } else {
       for (int r = 0; r < n_; ++r)  // what the joiner saw fail is not waited for
-        if (theirs[r] != kExpected && known_[r] == kExpected && r != from && !ranks[r].joined) {
+        if (theirs[r] != kExpected && known_[r] == kExpected && r != from && r != impl_.rank &&
+            !ranks[r].joined) {
           known_[r] = theirs[r] == kGone ? kGone : kSawFail;
           ranks[r].socket.close();
         }
@@ -362,8 +402,8 @@ class Rendezvous {
   const int n_;
   std::vector<uint8_t> known_;
   const bool agreed_;
-  const net::Deadline deadline_;
   const uint32_t purpose_, watch_;
+  net::Deadline deadline_{}, decisionDeadline_{};  // this round's
   std::string listen_;
   uint32_t round_ = 0;
   std::string goneProblem_;  // explicit: a rank not excluded is gone
@@ -373,9 +413,7 @@ class Rendezvous {
 
 std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uint8_t> known,
                                                                  bool agreed) {
-  const net::Deadline deadline = deadlineAfter(timeout());
-  Rendezvous rendezvous(*this, std::move(known), agreed, deadline);
-  ++shrinks;
+  Rendezvous rendezvous(*this, std::move(known), agreed);
   for (uint32_t round = 0;; ++round) {
     net::Address at = bootstrap->listenAddress();
     at.setPort(0);
@@ -405,7 +443,7 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
                  decision.members.size());
       return child;
     } catch (const Error& error) {
-      if (!agreed || round + 1 == kMaxRounds || Clock::now() >= deadline) throw;
+      if (!agreed || round + 1 == kMaxRounds) throw;
       BRAID_WARN(Init, "shrink: a member failed while the new communicator was made (%s): again",
                  error.what());
     }
@@ -442,6 +480,9 @@ std::vector<uint8_t> sawFail(Communicator::Impl& impl) {
 Communicator Communicator::shrink(const std::vector<int>& excluded, ShrinkFlags flags) {
   if (!impl_) usable(nullptr, "shrink");
   Impl& impl = *impl_;
+  // Counted on every call, refused or not, so that the ranks' later
+  // shrinks meet under the same number.
+  ++impl.shrinks;
   ArgumentCheck check(impl, "shrink");
   std::vector<uint8_t> known(static_cast<size_t>(impl.nranks), kExpected);
   if (excluded.empty())
@@ -472,6 +513,7 @@ Communicator Communicator::shrink(const std::vector<int>& excluded, ShrinkFlags 
 Communicator Communicator::shrink() {
   if (!impl_) usable(nullptr, "shrink");
   Impl& impl = *impl_;
+  ++impl.shrinks;
   if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "shrink inside a group");
   impl.recordFailure(
       Error(ErrorCode::Aborted,
