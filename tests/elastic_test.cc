@@ -560,7 +560,9 @@ TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsMappingsThreadsOrMemoryBehind) {
       kCycles, msSince(start), before.fds, after.fds, before.shared, after.shared, before.threads,
       after.threads, before.residentKiB, after.residentKiB);
   EXPECT_LE(after.fds, before.fds);
-  EXPECT_LE(after.shared, before.shared);
+  // (ibverbs' fake fabric maps and unmaps as it goes: a couple either way;
+  // a leak would be one or more per cycle.)
+  EXPECT_LE(after.shared, before.shared + kRanks);
   EXPECT_LE(after.threads, before.threads);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // (A sanitizer's allocator holds freed memory back on purpose.)
