@@ -187,6 +187,9 @@ class Communicator {
   // never call it within the timeout are left out, and every survivor ends
   // with the same members, even when another rank fails during the
   // agreement. Ops still pending here are failed first (ShrinkFlags::Abort).
+  // The lowest live rank coordinates; if it stopped answering, the others'
+  // shrink fails with Timeout naming it (a shrink with a list that names it
+  // leaves it out).
   Communicator shrink();
 
   // Growing, in NCCL 2.29's model (ncclCommGetUniqueId, ncclCommGrow): one
