@@ -16,13 +16,15 @@
 # AddressSanitizer, to keep CI short: the tcp.* repeats (tcp's code runs
 # under it in tcp4.*, the multi-host and the staged.* tests), the ucx.*
 # repeats of the collectives (ucx_multihost_test runs every collective over
-# ucx) and the simulator at a thousand ranks and more (the same planners run
-# at up to 64).
+# ucx) and of the elastic suite (it runs over ucx's shared memory in
+# ucx_shm.*), and the simulator at a thousand ranks and more (the same
+# planners run at up to 64).
 # Left out under ThreadSanitizer: the tcp.*, tcp4.* and ucx.* repeats
 # (each communicator's transports run on its executor's thread, so their
 # threads are the ones the shm runs have; libucp itself is not
 # instrumented; ucx_shm.* stays, so ucx's code runs under it, with its
-# faults over shared memory), Algorithms.*, MemAllocBuffers.* and the NCCL
+# faults over shared memory, but not its repeat of the elastic suite, whose
+# threads are the shm run's), Algorithms.*, MemAllocBuffers.* and the NCCL
 # programs (plans and buffers on the same threads as the collectives
 # suite; the NCCL API's own threads run in the rest of Nccl.*) and the
 # simulator's Plans.* tests
@@ -39,8 +41,8 @@ done
 
 for preset in "${presets[@]}"; do
   exclude='Soak\.|^Install\.|^Tools\.|^Torch\.|^ibverbs_fake\.|^ibverbs_gdr\.'
-  [ "$preset" = asan ] && exclude="$exclude|^tcp\.|^Plans\..*Thousand|^ucx\.(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter)\."
-  [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^Algorithms\.|^MemAllocBuffers\.|^Nccl\.ProgramWrittenForNccl|^ucx\."
+  [ "$preset" = asan ] && exclude="$exclude|^tcp\.|^Plans\..*Thousand|^ucx\.(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter|Revoke|Shrink|Grow|Cycles)\."
+  [ "$preset" = tsan ] && exclude="$exclude|^tcp\.|^tcp4\.|^Plans\.|^Algorithms\.|^MemAllocBuffers\.|^Nccl\.ProgramWrittenForNccl|^ucx\.|^ucx_shm\.(Revoke|Shrink|Grow|Cycles)\."
   echo "sanitize: ${preset}: building"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "${BRAID_BUILD_JOBS:-2}"
