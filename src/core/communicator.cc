@@ -521,14 +521,12 @@ Communicator Communicator::grow(int nranks, const UniqueId* id) {
     fail(ErrorCode::InvalidArgument, impl.rank,
          format("grow: argument 'nranks' is %d: a communicator of %d grows to more", nranks,
                 impl.nranks));
-  if (withId.size() != 1) {
-    std::string who;
-    for (int r : withId) who += format("%s%d", who.empty() ? " (ranks " : ", ", r);
+  if (withId.size() != 1)
     fail(ErrorCode::InvalidArgument, impl.rank,
-         format("grow: argument 'id' was passed by %zu members%s%s: exactly one member passes "
+         format("grow: argument 'id' was passed by %zu members%s: exactly one member passes "
                 "the id it made with growId()",
-                withId.size(), who.c_str(), who.empty() ? "" : ")"));
-  }
+                withId.size(),
+                withId.empty() ? "" : (" (ranks " + listOfRanks(withId) + ")").c_str()));
   const UniqueId& grown = offers[withId[0]].id;
   net::Address at = impl.bootstrap->listenAddress();
   at.setPort(0);

@@ -83,8 +83,9 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
   wiring = transport::wireUp(
       {*bootstrap, knobs, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)});
-  executor = std::make_unique<exec::Executor>(
-      wiring, rank, knobs.slotBytes, localRanks(*bootstrap) <= usableCores(), knobs.directBytes);
+  executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes,
+                                              localRanks(*bootstrap) <= usableCores(),
+                                              knobs.directBytes, revoked);
   setUpDevice();
   if (knobs.tuning != Tuning::Fixed) {
     // Every rank must choose alike, so all model the same links. Without a
@@ -253,15 +254,6 @@ void Communicator::Impl::revoke() {
   if (running.load()) return;
   waitForAsyncIdle();
   if (!gaveUp) giveUp(-1);
-}
-
-Error Communicator::Impl::asRevoked(const Error& error) const {
-  if (error.code() != ErrorCode::Aborted || !revoked.load(std::memory_order_relaxed)) return error;
-  std::string what = error.what();
-  const std::string aborted = "the communicator was aborted";
-  if (const size_t at = what.find(aborted); at != std::string::npos)
-    what.replace(at, aborted.size(), "this rank revoked the communicator");
-  return Error(ErrorCode::Revoked, what);
 }
 
 void Communicator::Impl::dropGroup(const Error& error) {

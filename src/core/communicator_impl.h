@@ -181,20 +181,19 @@ struct Communicator::Impl {
   void giveUp(int blamed);
   bool gaveUp = false;  // touched only by the thread that runs ops
   // shrink(): the rendezvous among the ranks that `known` (per rank:
-  // expected, excluded, seen failing or gone; shrink.cc) does not leave
-  // out, which agree on the members (`agreed`: the ranks that failed are
-  // found out; else exactly the ranks not excluded), then the new
-  // communicator's own set-up. Throws as Communicator::shrink says.
-  std::unique_ptr<Impl> shrinkTo(std::vector<uint8_t> known, bool agreed);
+  // expected, excluded, seen failing or gone; shrink.cc; with `agreed`, what
+  // this rank saw fail, found here) does not leave out, which agree on the members (`agreed`: the
+  // ranks that failed are found out; else exactly the ranks not excluded), then the new
+  // communicator's own set-up; the ops pending here finish first, or fail
+  // at once (`abortPending`, which leaves this communicator aborted).
+  // Throws as Communicator::shrink says.
+  std::unique_ptr<Impl> shrinkTo(std::vector<uint8_t> known, bool agreed, bool abortPending);
   // Completes the Work of every op of the open group with `error` and
   // forgets them.
   void dropGroup(const Error& error);
   // Communicator::revoke(): the sticky Revoked failure, and the peers told
   // (here when no thread is running ops, else by the op that fails).
   void revoke();
-  // The Aborted error an op got because this rank revoked the communicator,
-  // as Revoked; any other error as it is.
-  Error asRevoked(const Error& error) const;
 
   const int rank;
   const int nranks;

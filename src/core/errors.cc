@@ -6,6 +6,12 @@
 
 namespace braid {
 
+std::string listOfRanks(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += format("%s%d", out.empty() ? "" : ", ", r);
+  return out;
+}
+
 std::string format(const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);

@@ -86,8 +86,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     throwIfFailed();
     executor->run(lanes, count, timeout(), aborted);
   } catch (const Error& error) {
-    failure = asRevoked(error);
-    failedToRun(*failure);
+    failedToRun(error);
+    failure = error;
   } catch (const std::exception& error) {  // e.g. bad_alloc: the op's state is unknown
     failure = Error(ErrorCode::Internal, format("braid rank %d: %s: %s", rank,
                                                 ops[0].info.describe().c_str(), error.what()));
@@ -274,10 +274,9 @@ int Communicator::Impl::awaitSender(size_t count, DataType type) {
     peer = executor->awaitSender(info, tags, kPointToPointAndNumber, nextAnySource, timeout(),
                                  aborted);
   } catch (const Error& error) {
-    const Error failure = asRevoked(error);
-    failedToRun(failure);
+    failedToRun(error);
     running.store(false, std::memory_order_relaxed);
-    throw failure;
+    throw;
   }
   running.store(false, std::memory_order_relaxed);
   ++anySourceReceives;

@@ -88,12 +88,6 @@ struct Member {
 // What every rank of the parent is to this one: 0 expected, else out.
 enum Known : uint8_t { kExpected = 0, kExcluded = 1, kSawFail = 2, kGone = 3 };
 
-std::string listOf(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += format("%s%d", out.empty() ? "" : ", ", r);
-  return out;
-}
-
 // Whether `socket` has something to read, or was closed or reset (the
 // connections of the rendezvous carry nothing else while one waits).
 bool readable(const net::Socket& socket) {
@@ -272,13 +266,13 @@ class Rendezvous {
           if (expected(r) && !ranks[r].joined) missing.push_back(r);
         if (missing.empty()) break;
         if (!agreed_)
-          return refuse(
-              ranks, ErrorCode::Timeout,
-              format("ranks %s, not excluded, did not call shrink within the timeout "
-                     "(%lld ms)",
-                     listOf(missing).c_str(), static_cast<long long>(impl_.timeout().count())));
+          return refuse(ranks, ErrorCode::Timeout,
+                        format("ranks %s, not excluded, did not call shrink within the timeout "
+                               "(%lld ms)",
+                               listOfRanks(missing).c_str(),
+                               static_cast<long long>(impl_.timeout().count())));
         BRAID_WARN(Init, "shrink: ranks %s neither joined nor died within the timeout: left out",
-                   listOf(missing).c_str());
+                   listOfRanks(missing).c_str());
         for (int r : missing) {
           known_[r] = kGone;
           ranks[r].socket.close();
@@ -411,8 +405,43 @@ class Rendezvous {
 
 }  // namespace
 
+namespace {
+
+// The ranks this rank saw fail, as braid's failure notices said: the one
+// its failure blames, and peers whose connection closed naming a failed
+// rank, or closed for good without a word.
+std::vector<uint8_t> sawFail(Communicator::Impl& impl) {
+  std::vector<uint8_t> known(static_cast<size_t>(impl.nranks), kExpected);
+  {
+    std::lock_guard<std::mutex> lock(impl.failureMutex);
+    if (impl.failureBlames >= 0 && impl.failureBlames != impl.rank &&
+        impl.failureReason != transport::GiveUpReason::Revoked)
+      known[impl.failureBlames] = kSawFail;
+  }
+  for (int peer = 0; peer < impl.nranks; ++peer) {
+    const transport::Connection* connection = impl.wiring.connections[peer];
+    if (peer == impl.rank || !connection || !connection->peerClosed()) continue;
+    const int failed = connection->failedRank();
+    if (failed < 0)
+      known[peer] = kSawFail;  // it left or died: if it is alive after all, it joins
+    else if (failed != impl.rank && connection->peerReason() != transport::GiveUpReason::Revoked)
+      known[failed] = kSawFail;
+  }
+  return known;
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uint8_t> known,
-                                                                 bool agreed) {
+                                                                 bool agreed, bool abortPending) {
+  if (groupDepth > 0) fail(ErrorCode::InvalidUsage, rank, "shrink inside a group");
+  if (abortPending) {
+    recordFailure(Error(ErrorCode::Aborted,
+                        format("braid rank %d: the communicator was aborted by shrink", rank)));
+    aborted.store(true);
+  }
+  waitForAsyncIdle();
+  if (agreed) known = sawFail(*this);  // (the connections are this thread's now)
   Rendezvous rendezvous(*this, std::move(known), agreed);
   for (uint32_t round = 0;; ++round) {
     net::Address at = bootstrap->listenAddress();
@@ -450,33 +479,6 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
   }
 }
 
-namespace {
-
-// The ranks this rank saw fail, as braid's failure notices said: the one
-// its failure blames, and peers whose connection closed naming a failed
-// rank, or closed for good without a word.
-std::vector<uint8_t> sawFail(Communicator::Impl& impl) {
-  std::vector<uint8_t> known(static_cast<size_t>(impl.nranks), kExpected);
-  {
-    std::lock_guard<std::mutex> lock(impl.failureMutex);
-    if (impl.failureBlames >= 0 && impl.failureBlames != impl.rank &&
-        impl.failureReason != transport::GiveUpReason::Revoked)
-      known[impl.failureBlames] = kSawFail;
-  }
-  for (int peer = 0; peer < impl.nranks; ++peer) {
-    const transport::Connection* connection = impl.wiring.connections[peer];
-    if (peer == impl.rank || !connection || !connection->peerClosed()) continue;
-    const int failed = connection->failedRank();
-    if (failed < 0)
-      known[peer] = kSawFail;  // it left or died: if it is alive after all, it joins
-    else if (failed != impl.rank && connection->peerReason() != transport::GiveUpReason::Revoked)
-      known[failed] = kSawFail;
-  }
-  return known;
-}
-
-}  // namespace
-
 Communicator Communicator::shrink(const std::vector<int>& excluded, ShrinkFlags flags) {
   if (!impl_) usable(nullptr, "shrink");
   Impl& impl = *impl_;
@@ -498,29 +500,14 @@ Communicator Communicator::shrink(const std::vector<int>& excluded, ShrinkFlags 
     if (known[r] == kExcluded) check.reject(format("excluded[%zu] names rank %d twice", i, r));
     known[r] = kExcluded;
   }
-  if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "shrink inside a group");
-  if (flags == ShrinkFlags::Abort) {
-    impl.recordFailure(
-        Error(ErrorCode::Aborted, format("braid rank %d: the communicator was aborted by shrink "
-                                         "(ShrinkFlags::Abort)",
-                                         impl.rank)));
-    impl.aborted.store(true);
-  }
-  impl.waitForAsyncIdle();
-  return Communicator(impl.shrinkTo(std::move(known), false));
+  return Communicator(impl.shrinkTo(std::move(known), false, flags == ShrinkFlags::Abort));
 }
 
 Communicator Communicator::shrink() {
   if (!impl_) usable(nullptr, "shrink");
   Impl& impl = *impl_;
   ++impl.shrinks;
-  if (impl.groupDepth > 0) fail(ErrorCode::InvalidUsage, impl.rank, "shrink inside a group");
-  impl.recordFailure(
-      Error(ErrorCode::Aborted,
-            format("braid rank %d: the communicator was aborted by shrink()", impl.rank)));
-  impl.aborted.store(true);
-  impl.waitForAsyncIdle();
-  return Communicator(impl.shrinkTo(sawFail(impl), true));
+  return Communicator(impl.shrinkTo({}, true, true));
 }
 
 }  // namespace braid

@@ -45,13 +45,14 @@ constexpr size_t kScratchAlignment = 64;
 }  // namespace
 
 Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst,
-                   size_t referenceBytes)
+                   size_t referenceBytes, const std::atomic<bool>& revoked)
     : wiring_(wiring),
       rank_(rank),
       pieceBytes_(pieceBytes),
       spinFirst_(spinFirst),
       pureSpin_(spinFirst ? kPureSpin : Clock::duration::zero()),
-      referenceBytes_(referenceBytes) {
+      referenceBytes_(referenceBytes),
+      revoked_(revoked) {
   // Nothing to wait for on this rank's loopback: its messages are its own.
   const transport::Transport* loopback = wiring_.transportOf[static_cast<size_t>(rank)];
   for (auto& transport : wiring_.transports) {
@@ -262,6 +263,16 @@ void Executor::failIfRevoked(const OpInfo& info) {
   }
 }
 
+void Executor::failAborted(const OpInfo& info) {
+  if (!revoked_.load(std::memory_order_relaxed))
+    fail(ErrorCode::Aborted, rank_,
+         format("%s: the communicator was aborted", info.describe().c_str()));
+  blamed_ = rank_;  // what the peers are told when this rank gives up
+  blamedReason_ = transport::GiveUpReason::Revoked;
+  fail(ErrorCode::Revoked, rank_,
+       format("%s: this rank revoked the communicator", info.describe().c_str()));
+}
+
 void Executor::failClosed(const OpInfo& info, int peer, const char* doing) {
   const int failed = wiring_.connections[peer]->failedRank();
   blamed_ = failed >= 0 ? failed : peer;
@@ -435,9 +446,7 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
         }
       }
       if (open == 0) failClosed(info, closed, "waits for data from any rank");
-      if (aborted.load(std::memory_order_relaxed))
-        fail(ErrorCode::Aborted, rank_,
-             format("%s: the communicator was aborted", info.describe().c_str()));
+      if (aborted.load(std::memory_order_relaxed)) failAborted(info);
       if (++turns <= kUncountedTurns) {
         cpuRelax();
         continue;
@@ -548,9 +557,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         if (waitingFor_ >= 0) announceWaitingFor(-1);
         return;
       }
-      if (aborted.load(std::memory_order_relaxed))
-        fail(ErrorCode::Aborted, rank_,
-             format("%s: the communicator was aborted", lanes->info->describe().c_str()));
+      if (aborted.load(std::memory_order_relaxed)) failAborted(*lanes->info);
       if (moved) {
         if (idle) {
           adaptSpin(counted ? now - idleSince : Clock::duration::zero());

@@ -102,8 +102,10 @@ class Executor {
   // (false when this host has more ranks than cores). Pieces of at least
   // `referenceBytes` (0: none) that lie in a lane's region go by reference
   // where the connection carries references.
+  // `revoked`: set (with the `aborted` that run() is given) when this rank
+  // revoked the communicator: ops then fail with Revoked, not Aborted.
   Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool spinFirst,
-           size_t referenceBytes);
+           size_t referenceBytes, const std::atomic<bool>& revoked);
 
   // Whether any lane's regions could be used: worth looking them up.
   bool usesReferences() const { return referenceBytes_ != 0; }
@@ -153,6 +155,8 @@ class Executor {
   bool allReturned();
   void noteLent(const transport::Connection* connection, uint64_t ticket, int peer);
   [[noreturn]] void failClosed(const OpInfo& info, int peer, const char* doing);
+  // The op `info` stops: the communicator was aborted, or revoked here.
+  [[noreturn]] void failAborted(const OpInfo& info);
   // Fails the op `info` when a peer closed its connection saying that the
   // communicator was revoked, whichever peers the op waits for.
   void failIfRevoked(const OpInfo& info);
@@ -207,6 +211,7 @@ class Executor {
   int blamed_ = -1;
   transport::GiveUpReason blamedReason_ = transport::GiveUpReason::Failed;
   int waitingFor_ = -1;  // the rank this rank last told its peers it waits for
+  const std::atomic<bool>& revoked_;
 };
 
 }  // namespace braid::exec
