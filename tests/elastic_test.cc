@@ -208,6 +208,40 @@ TEST(Shrink, AgreedAfterAKillLeavesOutOnlyTheDeadRank) {
       options);
 }
 
+// A shrink may take over what the parent's connections hold (shm's FIFO
+// memory): a second shrink of the same parent must not take it again, or
+// the two children would write over each other's messages.
+TEST(Shrink, TwoChildrenOfOneParentRunSideBySide) {
+  RunOptions options;
+  options.killed = {3};
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        if (comm.rank() == 3) ::raise(SIGKILL);
+        collectivesUntilFailure(comm);
+        Communicator first = comm.shrink();
+        Communicator second = comm.shrink();
+        require(first.size() == 3 && second.size() == 3,
+                format("sizes %d and %d", first.size(), second.size()));
+        auto run = [](Communicator& child, int32_t base) {
+          const size_t count = size_t{1} << 18;  // past the slots' inline bytes
+          std::vector<int32_t> in(count), out(count);
+          for (int round = 0; round < 20; ++round) {
+            for (size_t i = 0; i < count; ++i)
+              in[i] = base + round + static_cast<int32_t>(i % 1000) + child.rank();
+            child.allReduce(in.data(), out.data(), count, DataType::Int32, ReduceOp::Sum);
+            for (size_t i = 0; i < count; i += 997)
+              require(out[i] == 3 * (base + round + static_cast<int32_t>(i % 1000)) + 3,
+                      format("child %d, round %d: element %zu is %d", base, round, i, out[i]));
+          }
+        };
+        std::thread other([&] { run(second, 1 << 20); });
+        run(first, 0);
+        other.join();
+      },
+      options);
+}
+
 // Two ranks die together, and a third dies while the others agree.
 TEST(Shrink, AgreedEvenWhenARankDiesDuringTheAgreement) {
   RunOptions options;

@@ -29,6 +29,20 @@
 
 namespace braid::transport {
 
+struct Wiring;
+
+// A communicator made from another by a shrink, as its transports see it:
+// the parent's connections (`wiring`), each new rank's rank in the parent,
+// and whether the parent is retired on this rank (it failed or was
+// aborted, so it moves no byte again). A transport may take over what a
+// retired parent's connection to a survivor holds instead of making it
+// anew, where every rank's parent is retired.
+struct Parent {
+  const Wiring& wiring;
+  std::vector<int> ranks;
+  bool retired;
+};
+
 // What a transport's creation needs. Every create() takes the same one.
 struct Setup {
   bootstrap::Bootstrap& bootstrap;  // the communicator's; used for connection set-up
@@ -38,6 +52,7 @@ struct Setup {
   net::Deadline deadline;
   device::Device* device = nullptr;  // for device buffers: the device and its index
   int deviceIndex = -1;
+  const Parent* parent = nullptr;  // host buffers after a shrink
 };
 
 // Which pairs of ranks a transport can connect.

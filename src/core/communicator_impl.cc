@@ -51,7 +51,7 @@ int usableCores() {
 }  // namespace
 
 Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs& k,
-                         const std::optional<MeasuredLink>& inherited)
+                         const Lineage* lineage)
     : rank(boot->rank()),
       nranks(boot->size()),
       knobs(k),
@@ -80,13 +80,21 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   const int perHost = knobs.deterministic ? 0 : ranksPerHostInOrder(*bootstrap);
   for (algo::Shape& shape : shapes) shape.localRanks = perHost;
   devicePlans.useModel(transport::linkModels(0).device);
-  checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
-  wiring = transport::wireUp(
-      {*bootstrap, knobs, knobs.slotBytes, knobs.slots, deadlineAfter(knobs.timeout)});
+  // (A shrunk communicator has its parent's knobs, which they agreed on.)
+  if (!lineage) checkKnobsAgree(*bootstrap, knobs, deadlineAfter(knobs.timeout));
+  transport::Setup setup{*bootstrap, knobs, knobs.slotBytes, knobs.slots,
+                         deadlineAfter(knobs.timeout)};
+  std::optional<transport::Parent> parent;
+  if (lineage) {
+    parent.emplace(transport::Parent{lineage->parent.wiring, lineage->ranks,
+                                     lineage->parent.failed.load(std::memory_order_acquire)});
+    setup.parent = &*parent;
+  }
+  wiring = transport::wireUp(setup);
   executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes,
                                               localRanks(*bootstrap) <= usableCores(),
                                               knobs.directBytes, revoked);
-  setUpDevice();
+  setUpDevice(lineage);
   if (knobs.tuning != Tuning::Fixed) {
     // Every rank must choose alike, so all model the same links. Without a
     // measurement that is the slowest transport any rank uses (tcp if any
@@ -104,6 +112,8 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       link = transport::linkModels(0).host;  // the same choice over every transport
     else if (knobs.tuning == Tuning::Measured && nranks > 1 && !models.mixed) {
       // (`used` is the same on every rank, so all inherit or all measure.)
+      const std::optional<MeasuredLink> inherited =
+          lineage ? lineage->parent.measuredLink : std::nullopt;
       link = inherited && inherited->rows == used
                  ? inherited->link
                  : calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
@@ -137,15 +147,20 @@ Communicator::Impl::~Impl() {
   if (failed.load(std::memory_order_acquire) && !gaveUp) giveUp(-1);
 }
 
-void Communicator::Impl::setUpDevice() {
+void Communicator::Impl::setUpDevice(const Lineage* lineage) {
   device = device::current();
   // Every rank or none: a rank without a device keeps the others from
   // setting up connections nobody could use.
   deviceIndex = device ? (knobs.device >= 0 ? knobs.device : device->current()) : -1;
   const bool usable = device && deviceIndex < device->count();
-  std::vector<uint8_t> ready(static_cast<size_t>(nranks), 0);
-  ready[rank] = usable ? 1 : 0;
-  bootstrap->allGather(ready.data(), 1, deadlineAfter(knobs.timeout));
+  std::vector<uint8_t>& ready = deviceReady;
+  ready.assign(static_cast<size_t>(nranks), 0);
+  if (lineage) {  // the parent's processes, with its knobs: as they were there
+    for (int r = 0; r < nranks; ++r) ready[r] = lineage->parent.deviceReady[lineage->ranks[r]];
+  } else {
+    ready[rank] = usable ? 1 : 0;
+    bootstrap->allGather(ready.data(), 1, deadlineAfter(knobs.timeout));
+  }
   if (device && !usable)
     fail(ErrorCode::InvalidArgument, rank,
          format("init: Config::device is %d, and this process has %d %s devices (0 to %d)",

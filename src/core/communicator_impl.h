@@ -107,11 +107,16 @@ struct Communicator::Impl {
     uint32_t rows = 0;
     algo::LinkModel link;
   };
-  // `inherited`: the model of the communicator this one is shrunk from,
-  // used instead of measuring again where every pair talks over the same
-  // kinds of transport it was measured over.
+  // A communicator shrunk from `parent`, whose rank ranks[r] is rank r of
+  // this one, takes over the parent's link model, where every pair talks
+  // over the kinds of transport it was measured over, and what its
+  // transports can of the parent's connections (transport::Parent).
+  struct Lineage {
+    const Impl& parent;
+    std::vector<int> ranks;
+  };
   Impl(std::unique_ptr<bootstrap::Bootstrap> bootstrap, const Knobs& knobs,
-       const std::optional<MeasuredLink>& inherited = std::nullopt);
+       const Lineage* lineage = nullptr);
   ~Impl();
 
   // Looks up the plan of `op` (and keeps it when `keep`). With measured
@@ -142,7 +147,7 @@ struct Communicator::Impl {
                      const std::vector<device::StreamHandle>& streams);
   // Collective: gives the communicator its device and device connections
   // when every rank has a device; else notes why not (noDevice).
-  void setUpDevice();
+  void setUpDevice(const Lineage* lineage);
   // Runs ops together in the calling thread and completes their Work.
   // REQUIRES: the calling thread owns the executor. The progress thread owns
   // it while `outstanding` > 0; the user's thread (one at a time, as for
@@ -252,6 +257,7 @@ struct Communicator::Impl {
   // why device buffers cannot be used.
   device::Device* device = nullptr;
   int deviceIndex = -1;
+  std::vector<uint8_t> deviceReady;  // by rank: whether it has a device to use
   std::string noDevice;
   std::string noGraphs;  // why device ops cannot be captured into graphs ("" when they can)
   std::array<algo::Shape, kNumDataTypes> deviceShapes;  // chunks of half a device FIFO

@@ -467,7 +467,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
       // timeout for a rank that stopped.
       auto boot = bootstrap::Bootstrap::fromTable(std::move(listener), std::move(table), newRank,
                                                   decision.secret, deadlineAfter(timeout()));
-      auto child = std::make_unique<Impl>(std::move(boot), childKnobs, measuredLink);
+      const Lineage lineage{*this, decision.members};
+      auto child = std::make_unique<Impl>(std::move(boot), childKnobs, &lineage);
       BRAID_INFO(Init, "shrink: rank %d of %d is rank %d of %zu", rank, nranks, newRank,
                  decision.members.size());
       return child;

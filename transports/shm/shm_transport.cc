@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/wiring.h"
 #include "tuning/cost_model.h"
 
 namespace braid::transport::shm {
@@ -148,6 +150,15 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
+// Gives the memory of `bytes` at `data`, in a shared mapping, back to the
+// system (the whole pages inside it).
+void release(std::byte* data, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_REMOVE);
+}
+
 // Wakes the segment's owner if it sleeps. The caller's seq_cst store of the
 // counter it changed and this seq_cst load pair with the owner's seq_cst
 // store of `sleeping` and its re-read of the counters (see waitForActivity):
@@ -197,14 +208,18 @@ class Segment {
 
 class ShmConnection final : public Connection {
  public:
+  // `outData` and `inData` are the segments that hold out.data and in.data.
   ShmConnection(int peer, Fifo out, SegmentHeader* peerHeader, Fifo in, size_t slotBytes,
-                size_t slots)
+                size_t slots, std::shared_ptr<const Segment> outData,
+                std::shared_ptr<const Segment> inData)
       : peer_(peer),
         out_(out),
         peerHeader_(peerHeader),
         in_(in),
         slotBytes_(slotBytes),
-        slots_(slots) {}
+        slots_(slots),
+        outData_(std::move(outData)),
+        inData_(std::move(inData)) {}
 
   size_t slotBytes() const override { return slotBytes_; }
 
@@ -349,6 +364,26 @@ class ShmConnection final : public Connection {
            out_.control->head.load(std::memory_order_seq_cst);
   }
   int peer() const { return peer_; }
+  size_t slots() const { return slots_; }
+
+  // After a shrink, a connection of the new communicator to the same peer
+  // takes over the data areas of this one's FIFOs each way, the segments
+  // they lie in, and what this one knows of references.
+  void handOver(Fifo* out, Fifo* in, std::shared_ptr<const Segment>* outSegment,
+                std::shared_ptr<const Segment>* inSegment) {
+    out->data = out_.data;
+    in->data = in_.data;
+    *outSegment = outData_;
+    *inSegment = inData_;
+    handedOver_ = true;
+  }
+  void handOverReferences(ShmConnection& successor) const {
+    successor.allowReferences(peerPidfd_ >= 0 ? ::fcntl(peerPidfd_, F_DUPFD_CLOEXEC, 0) : -1,
+                              peerMapsOurs_, mapsPeers_);
+  }
+  bool handedOver() const { return handedOver_; }
+  // Gives the memory of the incoming FIFO's data area back to the system.
+  void releaseInData() { release(in_.data, slots_ * slotBytes_); }
 
   ~ShmConnection() override {
     unmapAll();
@@ -410,6 +445,7 @@ class ShmConnection final : public Connection {
   Fifo in_;  // in this rank's segment
   size_t slotBytes_;
   size_t slots_;
+  std::shared_ptr<const Segment> outData_, inData_;
   uint64_t sendTail_ = 0;      // messages posted
   uint64_t sendHeadSeen_ = 0;  // the peer's head as last read
   uint64_t recvHead_ = 0;      // messages read: this rank's copy of in_.head
@@ -431,18 +467,24 @@ class ShmConnection final : public Connection {
   uint64_t peerFreed_ = 0;         // the peer's memory::freeCount() when mappings_ were made
   std::vector<Mapping> mappings_;  // the peer's regions, oldest first
   bool dead_ = false;
+  bool handedOver_ = false;
 };
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(int nranks) : byRank_(nranks, nullptr) {}
+  explicit ShmTransport(int nranks) : own_(std::make_shared<Segment>()), byRank_(nranks, nullptr) {}
   ~ShmTransport() override {
     close();
     closeProbe();
+    // The data areas a shrunk communicator did not take over, those of the
+    // ranks it left out, go back to the system; the others are its now.
+    if (handedOver_)
+      for (const auto& connection : connections_)
+        if (!connection->handedOver()) connection->releaseInData();
   }
 
   void announceFailure(int failedRank, GiveUpReason reason) override {
-    if (SegmentHeader* mine = own_.header()) {
+    if (SegmentHeader* mine = own_->header()) {
       mine->reason.store(static_cast<uint32_t>(reason), std::memory_order_relaxed);
       mine->failedRank.store(failedRank, std::memory_order_release);
     }
@@ -450,7 +492,7 @@ class ShmTransport final : public Transport {
   }
 
   void announceWaitingFor(int rank) override {
-    if (SegmentHeader* mine = own_.header()) {
+    if (SegmentHeader* mine = own_->header()) {
       mine->waitingFor.store(rank, std::memory_order_seq_cst);
       for (auto& connection : connections_) connection->wakePeer();
     }
@@ -465,16 +507,16 @@ class ShmTransport final : public Transport {
   void prepareToWait() override {
     seen_ = activity();
     const int cpu = ::sched_getcpu();
-    own_.header()->cpu.store(cpu, std::memory_order_relaxed);
+    own_->header()->cpu.store(cpu, std::memory_order_relaxed);
     sharesCpu_ = false;
-    for (const Segment& peer : peers_)
-      sharesCpu_ |= cpu >= 0 && peer.header()->cpu.load(std::memory_order_relaxed) == cpu;
+    for (const auto& peer : peers_)
+      sharesCpu_ |= cpu >= 0 && peer->header()->cpu.load(std::memory_order_relaxed) == cpu;
   }
 
   bool peerSharesCpu() const override { return sharesCpu_; }
 
   void waitForActivity(Clock::time_point until) override {
-    SegmentHeader* mine = own_.header();
+    SegmentHeader* mine = own_->header();
     uint32_t bell = mine->doorbell.load(std::memory_order_seq_cst);
     mine->sleeping.store(1, std::memory_order_seq_cst);
     if (activity() == seen_) {
@@ -495,7 +537,7 @@ class ShmTransport final : public Transport {
 
   // Tells the peers this rank is gone, and wakes any that sleep waiting for it.
   void close() {
-    if (SegmentHeader* mine = own_.header()) {
+    if (SegmentHeader* mine = own_->header()) {
       mine->closed.store(1, std::memory_order_seq_cst);
       mine->doorbell.fetch_add(1, std::memory_order_seq_cst);
       futex(&mine->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
@@ -508,11 +550,12 @@ class ShmTransport final : public Transport {
     probeFd_ = -1;
   }
 
-  Segment own_;
+  std::shared_ptr<Segment> own_;
   int probeFd_ = -1;  // own_'s fd, open until every peer tried to take it
-  std::vector<Segment> peers_;
+  std::vector<std::shared_ptr<Segment>> peers_;
   std::vector<std::unique_ptr<ShmConnection>> connections_;
   std::vector<ShmConnection*> byRank_;
+  bool handedOver_ = false;  // a shrunk communicator's connections took over the data areas
 
  private:
   uint64_t activity() const {
@@ -530,8 +573,9 @@ std::string segmentName(uint64_t secret, int rank) {
   return format("/braid-%016llx-%d", static_cast<unsigned long long>(secret), rank);
 }
 
-// Creates, sizes and maps this rank's segment. Returns "" or why it failed.
-// Keeps the segment's fd open in *fd (see SegmentHeader::probeFd).
+// Creates, sizes and maps this rank's segment; reserve() backs it with
+// memory. Returns "" or why it failed. Keeps the segment's fd open in *fd
+// (see SegmentHeader::probeFd).
 std::string createOwn(const std::string& name, const Layout& layout, size_t fifos, int slots,
                       size_t slotBytes, Segment* out, int* keptFd) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -541,12 +585,8 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   }
   if (fd < 0) return format("shm_open(%s): %s", name.c_str(), std::strerror(errno));
   std::string problem;
-  if (::ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+  if (::ftruncate(fd, static_cast<off_t>(layout.total)) != 0)
     problem = format("ftruncate(%s, %zu): %s", name.c_str(), layout.total, std::strerror(errno));
-  } else if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(layout.total)); err != 0) {
-    problem = format("%s needs %zu bytes of /dev/shm: %s", name.c_str(), layout.total,
-                     std::strerror(err));
-  }
   void* base = problem.empty()
                    ? ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                    : MAP_FAILED;
@@ -577,6 +617,14 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   return "";
 }
 
+// Backs the first `bytes` of this rank's segment (`fd`) with memory now, so
+// that a full /dev/shm is an error here rather than a SIGBUS later.
+std::string reserve(int fd, const std::string& name, size_t bytes) {
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0)
+    return format("%s needs %zu bytes of /dev/shm: %s", name.c_str(), bytes, std::strerror(err));
+  return "";
+}
+
 // Maps a peer's segment and checks it is what this rank expects.
 std::string mapPeer(const std::string& name, const Layout& layout, size_t fifos, int slots,
                     size_t slotBytes, Segment* out) {
@@ -603,27 +651,54 @@ std::string mapPeer(const std::string& name, const Layout& layout, size_t fifos,
   return "";
 }
 
-// Every rank learns whether every rank succeeded; throws naming the first
-// rank that did not.
-void agree(bootstrap::Bootstrap& bootstrap, const std::string& problem, const char* what,
-           net::Deadline deadline) {
-  std::vector<char> ok(bootstrap.size(), 1);
-  ok[bootstrap.rank()] = problem.empty() ? 1 : 0;
-  bootstrap.allGather(ok.data(), 1, deadline);
+// Every rank learns whether every rank succeeded, and every rank's `flag`;
+// throws naming the first rank that did not succeed. Returns whether every
+// rank's flag is set.
+bool agree(bootstrap::Bootstrap& bootstrap, const std::string& problem, const char* what,
+           net::Deadline deadline, bool flag = true) {
+  std::vector<uint8_t> state(bootstrap.size(), 0);
+  state[bootstrap.rank()] = !problem.empty() ? 0 : flag ? 2 : 1;
+  bootstrap.allGather(state.data(), 1, deadline);
   if (!problem.empty())
     throw Error(ErrorCode::SystemError,
                 format("braid rank %d: shared memory: %s", bootstrap.rank(), problem.c_str()));
   for (int r = 0; r < bootstrap.size(); ++r)
-    if (!ok[r])
+    if (!state[r])
       throw Error(ErrorCode::RemoteError,
                   format("braid rank %d: shared memory: rank %d could not %s its segment",
                          bootstrap.rank(), r, what));
+  return std::all_of(state.begin(), state.end(), [](uint8_t s) { return s == 2; });
+}
+
+// After a shrink: the parent's transport whose FIFO data areas this rank's
+// connections to `peers` may take over, or null. The parent must be
+// retired, must have reached every one of them over shm with FIFOs of this
+// shape, and must not have handed its areas over before. The areas are
+// mapped and their pages faulted in already, which is most of the cost of
+// making them; their stale bytes do no harm, as only the slot headers,
+// which are new, say what a slot holds.
+ShmTransport* retiredParent(const Setup& setup, const std::vector<int>& peers) {
+  const Parent* parent = setup.parent;
+  if (!parent || !parent->retired || peers.empty()) return nullptr;
+  ShmTransport* found = nullptr;
+  for (int peer : peers) {
+    const int before = parent->ranks[peer];
+    auto* shm = dynamic_cast<ShmTransport*>(parent->wiring.transportOf[before]);
+    if (!shm || shm->handedOver_ || (found && shm != found)) return nullptr;
+    const ShmConnection* connection = shm->byRank_[before];
+    if (connection->slotBytes() != setup.slotBytes ||
+        connection->slots() != static_cast<size_t>(setup.slots))
+      return nullptr;
+    found = shm;
+  }
+  return found;
 }
 
 std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& peers, std::string*) {
   bootstrap::Bootstrap& bootstrap = setup.bootstrap;
   const size_t slotBytes = setup.slotBytes;
   const int slots = setup.slots;
+  const size_t fifoBytes = static_cast<size_t>(slots) * slotBytes;
   const net::Deadline deadline = setup.deadline;
   const int rank = bootstrap.rank();
   // Ranks on one host form a group; each member's segment has one FIFO per
@@ -639,33 +714,38 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
   };
 
   auto transport = std::make_unique<ShmTransport>(bootstrap.size());
+  const std::string name = segmentName(bootstrap.secret(), rank);
   std::string problem;
   if (!peers.empty())
-    problem = createOwn(segmentName(bootstrap.secret(), rank), layout, fifos, slots, slotBytes,
-                        &transport->own_, &transport->probeFd_);
-  agree(bootstrap, problem, "create", deadline);
+    problem = createOwn(name, layout, fifos, slots, slotBytes, transport->own_.get(),
+                        &transport->probeFd_);
+  // The FIFOs take over the parent's data areas where every rank can.
+  ShmTransport* parent = retiredParent(setup, peers);
+  const bool takeOver = agree(bootstrap, problem, "create", deadline, parent || peers.empty());
+  if (!peers.empty())
+    problem = reserve(transport->probeFd_, name, takeOver ? layout.data : layout.total);
 
   transport->peers_.reserve(peers.size());
-  for (int peer : peers) {
-    Segment segment;
-    problem =
-        mapPeer(segmentName(bootstrap.secret(), peer), layout, fifos, slots, slotBytes, &segment);
-    if (!problem.empty()) break;
+  for (size_t i = 0; i < peers.size() && problem.empty(); ++i) {
+    auto segment = std::make_shared<Segment>();
+    problem = mapPeer(segmentName(bootstrap.secret(), peers[i]), layout, fifos, slots, slotBytes,
+                      segment.get());
     transport->peers_.push_back(std::move(segment));
   }
   agree(bootstrap, problem, "map", deadline);
   // Everyone mapped everything: the names are no longer needed.
-  if (!peers.empty()) ::shm_unlink(segmentName(bootstrap.secret(), rank).c_str());
+  if (!peers.empty()) ::shm_unlink(name.c_str());
 
   // References need each receiver to take the sender's memfds with
   // pidfd_getfd(), which the kernel allows only with ptrace rights over the
   // sender. Each rank tries it on every peer's probe fd, and every rank
-  // learns the outcome for every pair.
+  // learns the outcome for every pair; after a shrink that takes over the
+  // parent's FIFOs, the parent knows it already.
   const int n = bootstrap.size();
   std::vector<uint8_t> mayMap(static_cast<size_t>(n) * n, 0);
   std::vector<int> pidfds(peers.size(), -1);
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const SegmentHeader* theirs = transport->peers_[i].header();
+  for (size_t i = 0; i < peers.size() && !takeOver; ++i) {
+    const SegmentHeader* theirs = transport->peers_[i]->header();
     pidfds[i] = static_cast<int>(::syscall(SYS_pidfd_open, theirs->pid, 0));
     if (pidfds[i] < 0) continue;
     const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfds[i], theirs->probeFd, 0));
@@ -677,24 +757,36 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
     ::close(fd);
     mayMap[static_cast<size_t>(rank) * n + peers[i]] = 1;
   }
-  bootstrap.allGather(mayMap.data(), static_cast<size_t>(n), deadline);
+  if (!takeOver) bootstrap.allGather(mayMap.data(), static_cast<size_t>(n), deadline);
   transport->closeProbe();
 
   for (size_t i = 0; i < peers.size(); ++i) {
     const int peer = peers[i];
-    const Segment& theirs = transport->peers_[i];
-    prefault(theirs.fifo(fifoIndex(rank, peer)).data, static_cast<size_t>(slots) * slotBytes);
-    prefault(transport->own_.fifo(fifoIndex(peer, rank)).data,
-             static_cast<size_t>(slots) * slotBytes);
-    auto connection = std::make_unique<ShmConnection>(
-        peer, theirs.fifo(fifoIndex(rank, peer)), theirs.header(),
-        transport->own_.fifo(fifoIndex(peer, rank)), slotBytes, static_cast<size_t>(slots));
-    connection->allowReferences(pidfds[i], mayMap[static_cast<size_t>(peer) * n + rank] != 0,
-                                mayMap[static_cast<size_t>(rank) * n + peer] != 0);
+    const std::shared_ptr<Segment>& theirs = transport->peers_[i];
+    Fifo out = theirs->fifo(fifoIndex(rank, peer));
+    Fifo in = transport->own_->fifo(fifoIndex(peer, rank));
+    std::shared_ptr<const Segment> outSegment = theirs, inSegment = transport->own_;
+    ShmConnection* before = takeOver ? parent->byRank_[setup.parent->ranks[peer]] : nullptr;
+    if (before) {
+      before->handOver(&out, &in, &outSegment, &inSegment);
+    } else {
+      prefault(out.data, fifoBytes);
+      prefault(in.data, fifoBytes);
+    }
+    auto connection = std::make_unique<ShmConnection>(peer, out, theirs->header(), in, slotBytes,
+                                                      static_cast<size_t>(slots),
+                                                      std::move(outSegment), std::move(inSegment));
+    if (before)
+      before->handOverReferences(*connection);
+    else
+      connection->allowReferences(pidfds[i], mayMap[static_cast<size_t>(peer) * n + rank] != 0,
+                                  mayMap[static_cast<size_t>(rank) * n + peer] != 0);
     transport->byRank_[peer] = connection.get();
     transport->connections_.push_back(std::move(connection));
   }
-  BRAID_DEBUG(Init, "shm: %zu peers, %zu-byte segment", peers.size(), layout.total);
+  if (takeOver && parent) parent->handedOver_ = true;  // (none: no peers here)
+  BRAID_DEBUG(Init, "shm: %zu peers, %zu-byte segment%s", peers.size(), layout.total,
+              takeOver ? ", FIFO data taken over from the shrunk communicator" : "");
   return transport;
 }
 
