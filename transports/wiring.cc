@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 
 #include "braid/error.h"
 #include "core/errors.h"
@@ -265,11 +266,22 @@ const TableRow& hostRow(const Wiring& hosts, const bootstrap::Bootstrap& bootstr
   return loopback();
 }
 
-uint32_t rowsUsed(const Wiring& hosts) {
-  uint32_t used = 0;
-  for (const TransportEntry* entry : hosts.entries)
-    for (size_t i = 0; i < table().size(); ++i)
-      if (entry == &table()[i].entry) used |= 1u << i;
+uint32_t rowsUsed(const Wiring& hosts, const bootstrap::Bootstrap& bootstrap) {
+  // A pair's row depends only on whether its two ranks share a host
+  // (canReach): one pair of each kind stands for all.
+  const auto& peers = bootstrap.table();
+  const int n = static_cast<int>(peers.size());
+  int sameHostA = -1, sameHostB = -1, otherHost = -1;
+  std::unordered_map<std::string, int> firstOnHost;
+  for (int r = 0; r < n; ++r) {
+    const auto [first, isFirst] = firstOnHost.emplace(peers[r].hostId, r);
+    if (!isFirst && sameHostA < 0) sameHostA = first->second, sameHostB = r;
+    if (otherHost < 0 && peers[r].hostId != peers[0].hostId) otherHost = r;
+  }
+  auto bit = [](const TableRow& row) { return 1u << (&row - table().data()); };
+  uint32_t used = bit(loopback());
+  if (sameHostA >= 0) used |= bit(hostRow(hosts, bootstrap, sameHostA, sameHostB));
+  if (otherHost >= 0) used |= bit(hostRow(hosts, bootstrap, 0, otherHost));
   return used;
 }
 

@@ -47,12 +47,13 @@ Wiring wireUp(const Setup& setup);
 // wireUp() made `hosts`.
 const TableRow& hostRow(const Wiring& hosts, const bootstrap::Bootstrap& bootstrap, int a, int b);
 
-// The bits of every table row that this rank's connections use (bit i:
-// table()[i]), for agreeing on a link model.
-uint32_t rowsUsed(const Wiring& hosts);
+// The bits of every table row that some pair of ranks uses (bit i:
+// table()[i]), the loopback's included: the same on every rank, with no
+// word between them, as every rank chooses alike for every pair.
+uint32_t rowsUsed(const Wiring& hosts, const bootstrap::Bootstrap& bootstrap);
 
-// The tuner's link models, from the rows that some rank uses (`rows`,
-// every rank's rowsUsed() or-ed together, so every rank models alike).
+// The tuner's link models, from the rows that some pair uses (rowsUsed()),
+// so that every rank models alike.
 struct LinkModels {
   algo::LinkModel host;
   algo::LinkModel device;

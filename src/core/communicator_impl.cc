@@ -100,11 +100,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
     // measurement that is the slowest transport any rank uses (tcp if any
     // pair talks over it); a measurement is taken where every pair talks
     // over one kind of transport (else it would time only some of them).
-    std::vector<uint32_t> rows(static_cast<size_t>(nranks), 0);
-    rows[rank] = transport::rowsUsed(wiring);
-    bootstrap->allGather(rows.data(), sizeof(uint32_t), deadlineAfter(knobs.timeout));
-    uint32_t used = 0;
-    for (uint32_t r : rows) used |= r;
+    const uint32_t used = transport::rowsUsed(wiring, *bootstrap);
     const transport::LinkModels models = transport::linkModels(used);
     algo::LinkModel link = models.host;
     if (!knobs.deterministic) devicePlans.useModel(models.device);
