@@ -3,14 +3,19 @@
 // all-reduces, kills the last rank with SIGKILL, and times on every
 // survivor, as the slowest survivor saw it:
 //   detect   from the kill to the survivor's failed all-reduce
-//   shrink   Communicator::shrink() (agreed: no list) and a first all-reduce,
-//            from the moment the last survivor called it (the others wait
-//            there for it: that wait is the spread of `detect`)
+//   shrink   Communicator::shrink() (agreed: no list), from the moment the
+//            last survivor called it (the others wait there for it: that
+//            wait is the spread of `detect`) to the last one's return
+//   1st op   the shrunk communicator's first all-reduce (with measured
+//            tuning, BRAID_TUNING's default, it times the algorithms for
+//            its size first: the same on any new communicator)
 //   usable   from the kill to that all-reduce done: the target is 1 s
 //   fresh    the way without shrink, side by side: a new communicator
-//            among the same survivors (newUniqueId, init, a first all-reduce)
+//            among the same survivors (newUniqueId, init) ...
+//   1st op   ... and its first all-reduce
 //   grow     the spare joins the survivors (growId, grow, a first all-reduce)
-// and prints each round and the medians.
+// and the ratios fresh / shrink of making the communicator, and of making
+// it and running its first op; each round and the medians.
 //
 //   braid-bench-elastic [-n RANKS] [--rounds N] [--netns PREFIX --per-host K]
 //
@@ -55,8 +60,8 @@ struct Shared {
   braid::UniqueId id, freshId, growId;
   std::atomic<int64_t> killedAt;  // steady-clock ns: the same clock in every process
   struct Times {
-    std::atomic<int64_t> detect, usable, fresh, grow;  // ns, 0: none
-    std::atomic<int64_t> shrinkCalled, shrinkDone;     // steady-clock ns
+    std::atomic<int64_t> detect, shrunkFirst, usable, fresh, freshFirst, grow;  // ns
+    std::atomic<int64_t> shrinkCalled, shrinkDone;                              // steady-clock ns
   } times[kMaxRanks];
   std::atomic<int> failures;
 };
@@ -106,8 +111,9 @@ void survivor(Shared& shared, braid::Communicator& comm, int rank, const braid::
   }
   times.shrinkCalled = now();
   braid::Communicator shrunk = comm.shrink();
-  allReduceOne(shrunk);
   times.shrinkDone = now();
+  allReduceOne(shrunk);
+  times.shrunkFirst = now() - times.shrinkDone;
   times.usable = now() - shared.killedAt.load();
 
   // The way without shrink: a fresh communicator among the same ranks.
@@ -118,8 +124,10 @@ void survivor(Shared& shared, braid::Communicator& comm, int rank, const braid::
   {
     braid::Communicator fresh = braid::Communicator::init(
         shrunk.size(), shrunk.rank(), await(shared.freshReady, shared.freshId), config);
-    allReduceOne(fresh);
     times.fresh = now() - start;
+    start = now();
+    allReduceOne(fresh);
+    times.freshFirst = now() - start;
   }
 
   // The spare joins.
@@ -193,7 +201,7 @@ double slowest(const Shared& shared, int survivors, std::atomic<int64_t> Shared:
   return worst / 1e6;
 }
 
-// The shrink as the slowest survivor saw it, from the last one's call.
+// shrink() as the slowest survivor saw it, from the last one's call.
 double shrinkTime(const Shared& shared, int survivors) {
   int64_t lastCall = 0, lastDone = 0;
   for (int r = 0; r < survivors; ++r) {
@@ -255,9 +263,17 @@ int main(int argc, char** argv) {
                   ? " on this host"
                   : (", " + std::to_string(args.perHost) + " per namespace host").c_str(),
               args.ranks - 1);
-  std::printf("%6s %9s %9s %9s %9s %9s %12s\n", "round", "detect", "shrink", "usable", "fresh",
-              "grow", "fresh/shrink");
-  std::vector<double> detect, shrink, usable, fresh, grow;
+  std::printf("%6s %7s %7s %7s %7s %7s %7s %7s %12s\n", "", "", "", "", "", "", "", "",
+              "fresh/shrink");
+  std::printf("%6s %7s %7s %7s %7s %7s %7s %7s %6s %6s\n", "round", "detect", "shrink", "1st op",
+              "usable", "fresh", "1st op", "grow", "made", "+1st");
+  std::vector<double> detect, shrink, shrunkFirst, usable, fresh, freshFirst, grow;
+  auto line = [&](const char* label, double d, double s, double s1, double u, double f, double f1,
+                  double g) {
+    std::printf("%6s %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %5.1fx %5.1fx\n", label, d, s, s1, u,
+                f, f1, g, f / s, (f + f1) / (s + s1));
+    std::fflush(stdout);
+  };
   const int survivors = args.ranks - 1;
   for (int r = 0; r < args.rounds; ++r) {
     new (shared) Shared{};
@@ -267,15 +283,15 @@ int main(int argc, char** argv) {
     }
     detect.push_back(slowest(*shared, survivors, &Shared::Times::detect));
     shrink.push_back(shrinkTime(*shared, survivors));
+    shrunkFirst.push_back(slowest(*shared, survivors, &Shared::Times::shrunkFirst));
     usable.push_back(slowest(*shared, survivors, &Shared::Times::usable));
     fresh.push_back(slowest(*shared, survivors, &Shared::Times::fresh));
+    freshFirst.push_back(slowest(*shared, survivors, &Shared::Times::freshFirst));
     grow.push_back(slowest(*shared, survivors, &Shared::Times::grow));
-    std::printf("%6d %9.1f %9.1f %9.1f %9.1f %9.1f %11.1fx\n", r, detect.back(), shrink.back(),
-                usable.back(), fresh.back(), grow.back(), fresh.back() / shrink.back());
-    std::fflush(stdout);
+    line(std::to_string(r).c_str(), detect.back(), shrink.back(), shrunkFirst.back(), usable.back(),
+         fresh.back(), freshFirst.back(), grow.back());
   }
-  std::printf("%6s %9.1f %9.1f %9.1f %9.1f %9.1f %11.1fx\n", "median", median(detect),
-              median(shrink), median(usable), median(fresh), median(grow),
-              median(fresh) / median(shrink));
+  line("median", median(detect), median(shrink), median(shrunkFirst), median(usable), median(fresh),
+       median(freshFirst), median(grow));
   return 0;
 }
