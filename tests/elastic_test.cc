@@ -551,6 +551,7 @@ TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsMappingsThreadsOrMemoryBehind) {
   // growth here (25 MiB over 300 cycles over tcp, none with one arena).
   ::mallopt(M_ARENA_MAX, 1);
   Config config = RunOptions::loopbackConfig();
+  const Holdings baseline = holdings();
   std::vector<Communicator> comms(kRanks);
   {
     const UniqueId id = Communicator::newUniqueId(config);
@@ -594,14 +595,17 @@ TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsMappingsThreadsOrMemoryBehind) {
   std::this_thread::sleep_for(milliseconds(200));
   const Holdings after = holdings();
   std::printf(
-      "%d cycles in %lld ms: fds %ld -> %ld, shared mappings %ld -> %ld, threads %ld -> %ld, "
-      "resident %ld -> %ld KiB\n",
-      kCycles, msSince(start), before.fds, after.fds, before.shared, after.shared, before.threads,
-      after.threads, before.residentKiB, after.residentKiB);
+      "%d cycles in %lld ms: fds %ld -> %ld, shared mappings %ld -> %ld (%ld with no "
+      "communicator), threads %ld -> %ld, resident %ld -> %ld KiB\n",
+      kCycles, msSince(start), before.fds, after.fds, before.shared, after.shared, baseline.shared,
+      before.threads, after.threads, before.residentKiB, after.residentKiB);
   EXPECT_LE(after.fds, before.fds);
-  // (ibverbs' fake fabric maps and unmaps as it goes: a couple either way;
-  // a leak would be one or more per cycle.)
-  EXPECT_LE(after.shared, before.shared + kRanks);
+  // ibverbs' fake fabric unmaps a peer's released memory only when it next
+  // maps some, so a snapshot may hold what the communicators that ended in
+  // the last cycle mapped (a parent and a shrunk one: two sets at most)
+  // beyond what the live ones map. A leak would be one or more per cycle.
+  const long oneSet = before.shared - baseline.shared;
+  EXPECT_LE(after.shared, before.shared + (std::getenv("BRAID_IB_FAKE") ? 2 * oneSet : kRanks));
   EXPECT_LE(after.threads, before.threads);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // (A sanitizer's allocator holds freed memory back on purpose.)
