@@ -124,20 +124,34 @@ int BraidWork::sourceRank() const {
   return source;
 }
 
+bool BraidWork::isCompleted() { return future_->completed() || c10d::Work::isCompleted(); }
+
+bool BraidWork::isSuccess() const {
+  return future_->completed() ? !future_->hasError() : c10d::Work::isSuccess();
+}
+
+std::exception_ptr BraidWork::exception() const {
+  if (future_->completed() && future_->hasError()) return future_->exception_ptr();
+  return c10d::Work::exception();
+}
+
 bool BraidWork::done() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_;
 }
 
+// The future first, as Gloo's work does: whoever returns from wait() finds
+// it complete, so that a callback chained on it then runs at once, in the
+// chaining thread (torchft's managed work counts on that).
 void BraidWork::complete(const std::string& error) {
   if (error.empty()) {
-    finish();
     future_->markCompleted(c10::IValue(outputs_));
+    finish();
     return;
   }
   const std::exception_ptr failure = std::make_exception_ptr(std::runtime_error(error));
-  finish(failure);
   future_->setError(failure);
+  finish(failure);
 }
 
 // ---------------------------------------------------------------- the group

@@ -66,6 +66,11 @@ class BraidWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;  // 0: none
+  // Complete, with its outcome, as soon as its future is (which completes
+  // first: see complete()).
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
 
   bool done() const;
   // Marks the work and its future done; `error` empty means success.
