@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch_version=2.15.0
+torchft_version=0.2.0
 venv=$PWD/.venv
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
@@ -36,4 +37,10 @@ if ! "$python" -c "import torch, numpy, expecttest, sys; sys.exit(torch.__versio
   fi
   echo "install-deps: installing torch==$torch_version for $python"
   "$python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" numpy expecttest
+fi
+# torchft, whose Manager reconfigures braid_torch.torchft's group, with the
+# lighthouse program its wheel puts beside the interpreter.
+if ! "$python" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchft') != '$torchft_version')" 2>/dev/null; then
+  echo "install-deps: installing torchft==$torchft_version for $python"
+  "$python" -m pip install --quiet --disable-pip-version-check "torchft==$torchft_version"
 fi

@@ -358,25 +358,34 @@ std::vector<uint8_t> idBytes(const UniqueId& id) {
   return std::vector<uint8_t>(first, first + id.bytes.size());
 }
 
+// torch gives each group a store of its own (a PrefixStore named after the
+// group), so one key serves every group.
+const std::string kIdKey = "braid/unique_id";
+const std::string kGrowIdKey = "braid/grow_id";
+
+// The id set under `key` (waits for it, as the store's get does).
+UniqueId readId(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
+  UniqueId id;
+  const std::vector<uint8_t> bytes = store->get(key);
+  if (bytes.size() != id.bytes.size())
+    throw Error(ErrorCode::InvalidArgument, "braid: the store's " + key + " has " +
+                                                std::to_string(bytes.size()) + " bytes, not " +
+                                                std::to_string(id.bytes.size()) +
+                                                " (another program set braid's key?)");
+  std::memcpy(id.bytes.data(), bytes.data(), bytes.size());
+  return id;
+}
+
 Communicator meet(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout) {
-  // torch gives each group a store of its own (a PrefixStore named after
-  // the group), so one key serves every group.
-  static const std::string kKey = "braid/unique_id";
   Config config;
   config.timeout = timeout;
   UniqueId id;
   if (rank == 0) {
     id = Communicator::newUniqueId(config);
-    store->set(kKey, idBytes(id));
+    store->set(kIdKey, idBytes(id));
   } else {
-    const std::vector<uint8_t> bytes = store->get(kKey);
-    if (bytes.size() != id.bytes.size())
-      throw Error(ErrorCode::InvalidArgument, "braid: the store's unique id has " +
-                                                  std::to_string(bytes.size()) + " bytes, not " +
-                                                  std::to_string(id.bytes.size()) +
-                                                  " (another program set braid's key?)");
-    std::memcpy(id.bytes.data(), bytes.data(), bytes.size());
+    id = readId(store, kIdKey);
   }
   return Communicator::init(size, rank, id, config);
 }
@@ -622,6 +631,28 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::shrink(
        })
       ->wait();
   return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store_, opts);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupBraid::grow(
+    const c10::intrusive_ptr<c10d::Store>& store, int size) {
+  const Checks check(rank_, size_, "grow");
+  if (coalescing_) check.refuse("cannot grow while coalescing (endCoalescing first)");
+  if (size <= size_)
+    check.refuse("size is " + std::to_string(size) + ": the grown group has more ranks than this " +
+                 "one's " + std::to_string(size_));
+  auto child = std::make_shared<std::optional<braid::Communicator>>();
+  post(c10::Device(c10::kCPU), c10d::OpType::UNKNOWN, {},
+       [child, store, size](Communicator& comm, Stream) {
+         std::optional<UniqueId> id;
+         if (comm.rank() == 0) {
+           id = comm.growId();
+           store->set(kGrowIdKey, idBytes(*id));
+         }
+         child->emplace(comm.grow(size, id ? &*id : nullptr));
+         return Work();
+       })
+      ->wait();
+  return c10::make_intrusive<ProcessGroupBraid>(std::move(**child), store, nullptr);
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
@@ -1267,6 +1298,14 @@ c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c1
                                                      int rank, int size,
                                                      std::chrono::milliseconds timeout) {
   return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
+}
+
+c10::intrusive_ptr<c10d::Backend> joinGrown(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, std::chrono::milliseconds timeout) {
+  Config config;
+  config.timeout = timeout;
+  Communicator comm = Communicator::init(size, rank, readId(store, kGrowIdKey), config);
+  return c10::make_intrusive<ProcessGroupBraid>(std::move(comm), store, nullptr);
 }
 
 }  // namespace braid::torch_backend

@@ -283,6 +283,13 @@ class ProcessGroupBraid : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
                                            int shrinkFlags,
                                            const c10::intrusive_ptr<Options>& opts) override;
+  // Every rank of this group and `size` - size() new processes make a group
+  // of `size` ranks, in which this group's keep their ranks and the new
+  // ones take the ranks after (braid's Communicator::grow). They meet
+  // through `store`: this group's rank 0 sets the id there, and the new
+  // processes read it (joinGrown). No torch call asks for it; torchft's
+  // reconfiguration does (braid_torch.torchft).
+  c10::intrusive_ptr<c10d::Backend> grow(const c10::intrusive_ptr<c10d::Store>& store, int size);
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
@@ -358,5 +365,10 @@ class ProcessGroupBraid : public c10d::Backend {
 c10::intrusive_ptr<c10d::Backend> createProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                      int rank, int size,
                                                      std::chrono::milliseconds timeout);
+
+// A new process's side of ProcessGroupBraid::grow(): rank `rank` of the
+// grown group of `size`, met through the members' `store`.
+c10::intrusive_ptr<c10d::Backend> joinGrown(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, std::chrono::milliseconds timeout);
 
 }  // namespace braid::torch_backend
