@@ -289,9 +289,14 @@ TEST(BadInput, RecvFromAnyRefusesWhatItCannotMatchNamingItAndTheCommunicatorStay
 // With nobody sending, recvFromAny fails with Timeout after the
 // communicator's timeout, saying it waited for any rank; once every peer
 // has left, it fails at once naming the peer that closed.
+// The short timeout is set after init, which it would otherwise bound too
+// (on a loaded machine, setting up can take longer than the wait tested).
+// When every peer left, the error must come from their leaving, however
+// slowly they go: a long timeout, not a short one that could pass first
+// while a loaded peer is still tearing down.
 TEST(SendRecv, RecvFromAnyTimesOutWhenNobodySendsAndFailsWhenEveryPeerLeft) {
   RunOptions options;
-  options.config.timeout = milliseconds(500);
+  options.config.timeout = std::chrono::seconds(30);
   runRanks(
       2,
       [](Communicator& comm) {
@@ -299,6 +304,7 @@ TEST(SendRecv, RecvFromAnyTimesOutWhenNobodySendsAndFailsWhenEveryPeerLeft) {
           std::this_thread::sleep_for(milliseconds(1500));  // alive, silent
           return;
         }
+        comm.setTimeout(milliseconds(500));
         float x = 0;
         const auto start = steady_clock::now();
         requireError([&] { comm.recvFromAny(&x, 1, DataType::Float32); }, ErrorCode::Timeout,
