@@ -64,10 +64,16 @@ def replica_main(index, lighthouse, ready, committed_at_three, results):
         while index != NEWCOMER and len(ready) < 4:
             time.sleep(0.01)
         grown_commits = 0
+        timings = []  # each reconfiguring quorum: the way taken, start_quorum's time
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             time.sleep(0.02)  # a step's work, so that the new replica has steps to meet
+            before = dict(pg.reconfigurations)
+            started = time.monotonic()
             manager.start_quorum()
+            if dict(pg.reconfigurations) != before:  # this quorum reconfigured the group
+                way = next(w for w, n in pg.reconfigurations.items() if n != before.get(w, 0))
+                timings.append(f"{way} {time.monotonic() - started:.3f} s")
             if index == VICTIM and state["step"] == STEPS_BEFORE_KILL:
                 os.kill(os.getpid(), signal.SIGKILL)  # in the step: the others' sum fails
             t = torch.ones(1000)
@@ -88,12 +94,12 @@ def replica_main(index, lighthouse, ready, committed_at_three, results):
                     break
         else:
             raise AssertionError("no steps at four replicas after the grow within 90 s")
-        results[index] = ("ok", dict(pg.reconfigurations), log)
+        results[index] = ("ok", dict(pg.reconfigurations), log, timings)
         manager.shutdown(wait=False)
     except BaseException as error:  # noqa: B902  (reported to the parent)
         import traceback
 
-        results[index] = ("failed", traceback.format_exc(), log)
+        results[index] = ("failed", traceback.format_exc(), log, [])
         raise SystemExit(1) from error
 
 
@@ -169,11 +175,11 @@ def main():
         if procs[VICTIM].exitcode != -signal.SIGKILL:
             failures.append(f"the victim (replica {VICTIM}) ended with {procs[VICTIM].exitcode}")
         for i in survivors + [NEWCOMER]:
-            kind, detail, log = results.get(i, ("failed", "no result", []))
+            kind, detail, log, timings = results.get(i, ("failed", "no result", [], []))
             if kind == "failed":
                 failures.append(f"replica {i}:\n{detail}\nits steps: {log}")
                 continue
-            print(f"replica {i}: reconfigured {detail}; steps {runs(log)}")
+            print(f"replica {i}: reconfigured {detail} ({', '.join(timings)}); steps {runs(log)}")
             if i == NEWCOMER:
                 if not detail.get("join"):
                     failures.append(f"replica {i} did not join by a grow: {detail}")
