@@ -185,13 +185,13 @@ struct Communicator::Impl {
   // `blamed` (-1: unknown), once, so that each fails at once and names it.
   void giveUp(int blamed);
   bool gaveUp = false;  // touched only by the thread that runs ops
-  // shrink(): the rendezvous among the ranks that `known` (per rank:
-  // expected, excluded, seen failing or gone; shrink.cc; with `agreed`, what
-  // this rank saw fail, found here) does not leave out, which agree on the members (`agreed`: the
-  // ranks that failed are found out; else exactly the ranks not excluded), then the new
-  // communicator's own set-up; the ops pending here finish first, or fail
-  // at once (`abortPending`, which leaves this communicator aborted).
-  // Throws as Communicator::shrink says.
+  // shrink(): the rendezvous among the ranks that `known` does not leave
+  // out (per rank: expected, excluded, seen failing or gone; shrink.cc;
+  // with `agreed`, what this rank saw fail, found here), which agree on the
+  // members (`agreed`: the ranks that failed are found out; else exactly
+  // the ranks not excluded), then the new communicator's own set-up. The
+  // ops pending here finish first, or fail at once (`abortPending`, which
+  // leaves this communicator aborted). Throws as Communicator::shrink says.
   std::unique_ptr<Impl> shrinkTo(std::vector<uint8_t> known, bool agreed, bool abortPending);
   // Completes the Work of every op of the open group with `error` and
   // forgets them.
