@@ -214,6 +214,7 @@ Wiring wireUp(const Setup& setup) {
                   setup.knobs.transports.c_str(), peer));
 
   Wiring wiring;
+  wiring.mayTry.assign(table().size(), -1);
   wiring.connections.assign(nranks, nullptr);
   wiring.transportOf.assign(nranks, nullptr);
   wiring.entries.assign(nranks, nullptr);
@@ -226,7 +227,19 @@ Wiring wireUp(const Setup& setup) {
     tried.push_back(row);
     if (!anyPairTakesLast(tried, bootstrap)) continue;
     TransportUse use = TransportUse::Auto;
-    if (automatic && entry.useKnob && !mayTry(setup, entry, &use)) continue;
+    if (automatic && entry.useKnob) {
+      int8_t& may = wiring.mayTry[static_cast<size_t>(row - table().data())];
+      const int8_t parents =
+          setup.parent ? setup.parent->wiring.mayTry[static_cast<size_t>(row - table().data())]
+                       : -1;
+      if (parents >= 0) {  // the same knobs, agreed by its ranks, a subset of which these are
+        use = setup.knobs.*entry.use;
+        may = parents;
+      } else {
+        may = mayTry(setup, entry, &use) ? 1 : 0;
+      }
+      if (!may) continue;
+    }
     const std::vector<int> peers = peersTaking(tried, *row, bootstrap);
     std::string whyNot;
     std::unique_ptr<Transport> created = entry.create(setup, peers, &whyNot);

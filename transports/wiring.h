@@ -14,6 +14,7 @@
 // table names for its host transport (table.cc).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ struct Wiring {
   // pair's host transport is the first of them that reaches it, on every
   // rank alike (hostRow()).
   std::vector<const TableRow*> order;
+  // Per table row, where the automatic choice asked: whether it could
+  // try that row (its use knob, agreed, and every rank able to), 1 or 0;
+  // -1 where it did not ask. A shrunk communicator takes its parent's
+  // answers rather than asking its ranks again.
+  std::vector<int8_t> mayTry;
 };
 
 // Collective over the communicator: a connection to every rank for host
