@@ -613,5 +613,51 @@ TEST(Cycles, AHundredShrinksAndGrowsLeaveNoFdsMappingsThreadsOrMemoryBehind) {
 #endif
 }
 
+// Over tcp, a shrunk communicator carries on over its parent's sockets
+// where both ends gave up on them cleanly: its first child opens no
+// connection to a peer, and a second child of the same parent (the
+// sockets are taken) opens one per peer again. Both are right, side by
+// side. Rank 1 never read most of a 16 MiB message rank 0 sent it on the
+// parent: its child skips those frames.
+TEST(Shrink, OverTcpTheChildCarriesOnOverItsParentsSockets) {
+  RunOptions options;
+  options.killed = {3};
+  options.config.transports = "tcp";
+  const char* text = std::getenv("BRAID_NSOCKS_PERTHREAD");
+  const long sockets = text && *text ? std::atol(text) : 1;
+  runRanks(
+      4,
+      [sockets](Communicator& comm) {
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(milliseconds(50));
+          ::raise(SIGKILL);
+        }
+        try {
+          std::vector<float> big(size_t{1} << 22, 1.0f);
+          float one = 0;
+          if (comm.rank() == 0)
+            comm.send(big.data(), big.size(), DataType::Float32, 1);
+          else  // waits for the rank that dies
+            comm.recv(&one, 1, DataType::Float32, 3);
+          require(false, "the parent's op did not fail");
+        } catch (const Error&) {
+        }
+        const long before = entries("/proc/self/fd");
+        Communicator first = comm.shrink();
+        const long between = entries("/proc/self/fd");
+        Communicator second = comm.shrink();
+        const long after = entries("/proc/self/fd");
+        const long opened = (after - between) - (between - before);
+        require(opened == 2 * sockets,
+                format("the second child opened %ld more fds than the first (fds %ld, %ld, %ld), "
+                       "not one per socket to each of its 2 peers (%ld)",
+                       opened, before, between, after, 2 * sockets));
+        std::thread other([&] { requireEveryCollective(second); });
+        requireEveryCollective(first);
+        other.join();
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace braid

@@ -441,6 +441,9 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::shrinkTo(std::vector<uin
     aborted.store(true);
   }
   waitForAsyncIdle();
+  // A retired parent tells its peers now, as its destruction would: a
+  // connection that ended with its last word may be carried on over.
+  if (failed.load(std::memory_order_acquire) && !gaveUp) giveUp(-1);
   if (agreed) known = sawFail(*this);  // (the connections are this thread's now)
   Rendezvous rendezvous(*this, std::move(known), agreed);
   for (uint32_t round = 0;; ++round) {

@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "transports/tcp/tcp_device.h"
+#include "transports/wiring.h"
 #include "tuning/cost_model.h"
 
 namespace braid::transport::tcp {
@@ -57,29 +58,33 @@ struct Stream {
   FrameHeader header{};
   size_t headerRead = 0;
   size_t payloadRead = 0;
-  bool closed = false;  // the peer closed this socket
+  bool closed = false;    // the peer closed this socket, or gave up on it
+  bool wordRead = false;  // ... and that with its last word
+  bool wordSent = false;  // this rank gave up on it, and its last word is out
+  // Taken over from a retired parent's connection: the frames and words
+  // still to come of the parent's stream, up to its last word, are read
+  // and dropped.
+  bool skipping = false;
 };
 
 class TcpConnection final : public Connection {
  public:
+  // Over new sockets, or over streams a retired parent's connection
+  // handed over (handOver()).
   TcpConnection(std::vector<net::Socket> sockets, int peer, size_t slotBytes, int slots)
+      : TcpConnection(newStreams(std::move(sockets)), peer, slotBytes, slots) {}
+  TcpConnection(std::vector<Stream> streams, int peer, size_t slotBytes, int slots)
       : peer_(peer),
         slotBytes_(slotBytes),
         slots_(static_cast<size_t>(slots)),
-        streams_(sockets.size()),
+        streams_(std::move(streams)),
         // Not zeroed: a slot's bytes are written before they are read, and
         // pages nobody touches cost nothing.
         sendMemory_(new std::byte[slotBytes * slots]),
         sendHeaders_(slots),
         recvMemory_(new std::byte[slotBytes * slots]),
         recvMessages_(slots),
-        iov_(2 * slots) {
-    for (size_t k = 0; k < sockets.size(); ++k) {
-      streams_[k].socket = std::move(sockets[k]);
-      streams_[k].socket.setNonBlocking(true);
-      streams_[k].socket.setNoDelay();
-    }
-  }
+        iov_(2 * slots) {}
 
   size_t slotBytes() const override { return slotBytes_; }
 
@@ -108,6 +113,36 @@ class TcpConnection final : public Connection {
   size_t sockets() const { return streams_.size(); }
   int fd(size_t k) const { return streams_[k].socket.fd(); }
   bool closed(size_t k) const { return streams_[k].closed; }
+
+  // Whether a shrunk communicator's connection to the same peer may carry
+  // on over these sockets: this rank gave up on each with its whole last
+  // word, and nothing broke. (The peer's side must say the same: then its
+  // last word arrives on each, after the parent's last frames.)
+  bool reusable() const {
+    if (!failure_.empty()) return false;
+    for (const Stream& stream : streams_)
+      if (!stream.socket.valid() || !stream.wordSent || (stream.closed && !stream.wordRead))
+        return false;
+    return true;
+  }
+
+  // The sockets, for a shrunk communicator's connection to the same peer,
+  // each with where its parent stopped reading. REQUIRES: reusable(). This
+  // connection is done with them.
+  std::vector<Stream> handOver() {
+    std::vector<Stream> streams(streams_.size());
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      Stream& before = streams_[k];
+      Stream& after = streams[k];
+      after.socket = std::move(before.socket);
+      after.skipping = !before.wordRead;
+      after.header = before.header;
+      after.headerRead = before.headerRead;
+      after.payloadRead = before.payloadRead;
+    }
+    failure_ = format("the connection to peer %d was handed over to a shrunk communicator", peer_);
+    return streams;
+  }
   // Whether socket k has a frame or a notice to write / room for a frame.
   bool wantsToSend(size_t k) const { return framesToSend(k) > 0 || (k == 0 && noticeLeft_ > 0); }
   bool wantsToSend() const {
@@ -211,11 +246,19 @@ class TcpConnection final : public Connection {
           const uint32_t bits = header.bytes & ~kWord;
           const int rank = bits == kNoRank ? -1 : static_cast<int>(bits);
           stream.headerRead = 0;
+          if (stream.skipping) {  // the parent's word: its last ends the skipping
+            stream.skipping = header.tag == kWaitingFor;
+            if (!stream.skipping && skipped_ > 0)
+              BRAID_DEBUG(Net, "peer %d: %zu frame(s) of the shrunk communicator skipped", peer_,
+                          skipped_);
+            continue;
+          }
           if (header.tag == kWaitingFor) {
             peerWaitsFor_ = rank;
             continue;
           }
           failedRank_ = rank;
+          stream.wordRead = true;
           peerReason_ = header.tag == kTimedOut  ? GiveUpReason::TimedOut
                         : header.tag == kRevoked ? GiveUpReason::Revoked
                                                  : GiveUpReason::Failed;
@@ -227,6 +270,8 @@ class TcpConnection final : public Connection {
                           header.bytes, slotBytes_));
         stream.payloadRead = 0;
       }
+      // (A parent's frame being skipped goes to the slot the next message
+      // takes, which is free.)
       const size_t m = messageOf(k, stream.received);
       std::byte* slot = recvMemory_.get() + (m % slots_) * slotBytes_;
       if (stream.payloadRead < stream.header.bytes) {
@@ -236,6 +281,11 @@ class TcpConnection final : public Connection {
         moved = true;
         stream.payloadRead += got;
         if (stream.payloadRead < stream.header.bytes) continue;
+      }
+      if (stream.skipping) {
+        stream.headerRead = 0;
+        ++skipped_;
+        continue;
       }
       recvMessages_[m % slots_] = {slot, stream.header.bytes, stream.header.tag};
       ++stream.received;
@@ -249,9 +299,11 @@ class TcpConnection final : public Connection {
   }
 
   // The last word to the peer: finishes the frames partly on the wire (the
-  // peer could not parse past them otherwise), drops the other unsent ones,
-  // sends the giving-up header on every socket and shuts them down. Waits
-  // at most until `deadline` for the sockets to take it.
+  // peer could not parse past them otherwise), drops the other unsent ones
+  // and sends the giving-up header on every socket. Waits at most until
+  // `deadline` for the sockets to take it. A socket that did not take it is
+  // shut down; one that did stays open for a shrunk communicator to carry
+  // on over (the peer reads nothing past the word; closing it ends it).
   void giveUp(int failedRank, GiveUpReason reason, Clock::time_point deadline) {
     if (!failure_.empty()) {  // broken already: nobody to tell
       for (Stream& stream : streams_) ::shutdown(stream.socket.fd(), SHUT_WR);
@@ -259,6 +311,7 @@ class TcpConnection final : public Connection {
     }
     for (Stream& stream : streams_) stream.limit = stream.sent + (stream.offset > 0 ? 1 : 0);
     if (noticeLeft_ == sizeof(notice_)) noticeLeft_ = 0;  // a notice partly sent is finished
+    gaveUp_ = true;
     const FrameHeader last = word(failedRank, reason == GiveUpReason::TimedOut  ? kTimedOut
                                               : reason == GiveUpReason::Revoked ? kRevoked
                                                                                 : kFailed);
@@ -282,13 +335,15 @@ class TcpConnection final : public Connection {
       } catch (const Error&) {
         // The peer is gone too.
       }
-      ::shutdown(fd, SHUT_WR);
+      streams_[k].wordSent = sent == sizeof(last) && failure_.empty();
+      if (!streams_[k].wordSent) ::shutdown(fd, SHUT_WR);
     }
   }
 
   // Queues the notice that this rank waits for `rank`, to go out on socket
   // 0 ahead of its next frame (replacing one not yet started).
   void noteWaitingFor(int rank) {
+    if (gaveUp_) return;  // nothing follows the last word
     if (noticeLeft_ > 0 && noticeLeft_ < sizeof(notice_)) {
       // One is partly out: let it finish first. The newer notice then
       // follows on the next call.
@@ -357,6 +412,16 @@ class TcpConnection final : public Connection {
     failPeer(format("receiving from peer %d failed: %s", peer_, std::strerror(errno)));
   }
 
+  static std::vector<Stream> newStreams(std::vector<net::Socket> sockets) {
+    std::vector<Stream> streams(sockets.size());
+    for (size_t k = 0; k < sockets.size(); ++k) {
+      streams[k].socket = std::move(sockets[k]);
+      streams[k].socket.setNonBlocking(true);
+      streams[k].socket.setNoDelay();
+    }
+    return streams;
+  }
+
   int peer_;
   size_t slotBytes_;
   size_t slots_;
@@ -379,6 +444,8 @@ class TcpConnection final : public Connection {
   int failedRank_ = -1;                             // whom the peer blamed when it gave up
   GiveUpReason peerReason_ = GiveUpReason::Failed;  // ...and why
   int peerWaitsFor_ = -1;   // whom the peer last said it is stuck waiting for
+  size_t skipped_ = 0;      // frames of a retired parent's streams read past
+  bool gaveUp_ = false;     // this rank sent (or tried to send) its last word
   FrameHeader notice_{};    // this rank's notice to the peer, and
   size_t noticeLeft_ = 0;   // how many of its bytes are still to go out
   std::vector<iovec> iov_;  // preallocated: no allocation per send
@@ -400,6 +467,7 @@ class TcpTransport final : public Transport {
 
   const char* name() const override { return "tcp"; }
   Connection& connection(int peer) override { return *byRank_[peer]; }
+  TcpConnection* tcpConnection(int peer) { return byRank_[peer]; }
 
   bool progress() override {
     bool moved = false;
@@ -499,28 +567,64 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
+namespace {
+
+// After a shrink: for each of `peers`, the parent's connection to it whose
+// sockets this rank's connection carries on over, or null where it makes
+// new ones. Collective over the shrunk communicator (every rank of it has a
+// parent): a pair carries on where both ends can.
+std::vector<TcpConnection*> takeOvers(bootstrap::Bootstrap& bootstrap,
+                                      const std::vector<int>& peers, int sockets,
+                                      const Parent& parent, net::Deadline deadline) {
+  const int n = bootstrap.size();
+  const size_t rowBytes = (static_cast<size_t>(n) + 7) / 8;
+  std::vector<uint8_t> can(rowBytes * n, 0);  // rank r's row: the peers it can carry on with
+  std::vector<TcpConnection*> before(static_cast<size_t>(n), nullptr);
+  for (int peer : peers) {
+    if (!parent.retired) break;
+    auto* tcp = dynamic_cast<TcpTransport*>(parent.wiring.transportOf[parent.ranks[peer]]);
+    TcpConnection* connection = tcp ? tcp->tcpConnection(parent.ranks[peer]) : nullptr;
+    if (!connection || connection->sockets() != static_cast<size_t>(sockets) ||
+        !connection->reusable())
+      continue;
+    before[peer] = connection;
+    can[rowBytes * bootstrap.rank() + peer / 8] |= static_cast<uint8_t>(1u << peer % 8);
+  }
+  bootstrap.allGather(can.data(), rowBytes, deadline);
+  auto says = [&](int r, int peer) { return (can[rowBytes * r + peer / 8] >> peer % 8) & 1; };
+  std::vector<TcpConnection*> taken(peers.size(), nullptr);
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (says(bootstrap.rank(), peers[i]) && says(peers[i], bootstrap.rank()))
+      taken[i] = before[peers[i]];
+  return taken;
+}
+
+}  // namespace
+
 std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
                                         const std::vector<int>& peers, size_t slotBytes, int slots,
-                                        int sockets, net::Deadline deadline) {
+                                        int sockets, net::Deadline deadline, const Parent* parent) {
   auto transport = std::make_unique<TcpTransport>(bootstrap.size());
   const int rank = bootstrap.rank();
+  std::vector<TcpConnection*> taken(peers.size(), nullptr);
+  if (parent) taken = takeOvers(bootstrap, peers, sockets, *parent, deadline);
   // Socket k of a pair has its own purpose, so the pair's sockets pair up
   // alike at both ends.
   auto purpose = [](int k) { return k == 0 ? kPurpose : kMoreSocketsPurpose + k; };
   // Connect upwards first, then accept from below: a connect completes in
   // the listener's backlog, so no pair waits on the other.
   std::vector<std::pair<int, std::vector<net::Socket>>> connected;
-  for (int peer : peers)
-    if (peer > rank) {
-      connected.emplace_back(peer, std::vector<net::Socket>{});
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (peers[i] > rank && !taken[i]) {
+      connected.emplace_back(peers[i], std::vector<net::Socket>{});
       for (int k = 0; k < sockets; ++k)
-        connected.back().second.push_back(bootstrap.connectTo(peer, purpose(k), deadline));
+        connected.back().second.push_back(bootstrap.connectTo(peers[i], purpose(k), deadline));
     }
-  for (int peer : peers)
-    if (peer < rank) {
-      connected.emplace_back(peer, std::vector<net::Socket>{});
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (peers[i] < rank && !taken[i]) {
+      connected.emplace_back(peers[i], std::vector<net::Socket>{});
       for (int k = 0; k < sockets; ++k)
-        connected.back().second.push_back(bootstrap.acceptFrom(peer, purpose(k), deadline));
+        connected.back().second.push_back(bootstrap.acceptFrom(peers[i], purpose(k), deadline));
     }
   for (auto& [peer, socketsOfPeer] : connected) {
     BRAID_DEBUG(Net, "connected to peer %d (%s), %d socket(s)", peer,
@@ -528,6 +632,13 @@ std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
     transport->add(
         std::make_unique<TcpConnection>(std::move(socketsOfPeer), peer, slotBytes, slots));
   }
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (taken[i]) {
+      BRAID_DEBUG(Net, "peer %d: carrying on over the shrunk communicator's %d socket(s)", peers[i],
+                  sockets);
+      transport->add(
+          std::make_unique<TcpConnection>(taken[i]->handOver(), peers[i], slotBytes, slots));
+    }
   return transport;
 }
 
@@ -539,7 +650,7 @@ TransportEntry entry() {
   entry.create = [](const Setup& setup, const std::vector<int>& peers,
                     std::string*) -> std::unique_ptr<Transport> {
     return connectPeers(setup.bootstrap, peers, setup.slotBytes, setup.slots, setup.knobs.sockets,
-                        setup.deadline);
+                        setup.deadline, setup.parent);
   };
   entry.createDevice = createDevice;
   entry.hostLink = tuning::hostLinkModel(15e-6, 3e9);

@@ -22,11 +22,14 @@ TransportEntry entry();
 
 // Collective over `peers` (every peer listed must list this rank too):
 // opens `sockets` connections per peer through the bootstrap listeners.
-// REQUIRES: every rank passes the same `sockets`, at least 1. Also the
-// side connection of transports that set up and watch their peers over
-// TCP (ibverbs).
+// After a shrink (`parent`; every rank passes one, or none does), a pair
+// whose parent connection both ends gave up on cleanly carries on over its
+// sockets instead, where the parent is retired. REQUIRES: every rank
+// passes the same `sockets`, at least 1. Also the side connection of
+// transports that set up and watch their peers over TCP (ibverbs).
 std::unique_ptr<Transport> connectPeers(bootstrap::Bootstrap& bootstrap,
                                         const std::vector<int>& peers, size_t slotBytes, int slots,
-                                        int sockets, net::Deadline deadline);
+                                        int sockets, net::Deadline deadline,
+                                        const Parent* parent = nullptr);
 
 }  // namespace braid::transport::tcp
