@@ -1,8 +1,8 @@
 #include "transports/self/self_transport.h"
 
-#include <memory>
 #include <vector>
 
+#include "transports/pages.h"
 #include "tuning/cost_model.h"
 
 namespace braid::transport::self {
@@ -13,18 +13,17 @@ namespace {
 class Loopback final : public Connection {
  public:
   Loopback(size_t slotBytes, int slots)
-      // Not zeroed: a slot is written before it is read.
-      : slotBytes_(slotBytes), memory_(new std::byte[slotBytes * slots]), messages_(slots) {}
+      : slotBytes_(slotBytes), memory_(slotBytes * slots), messages_(slots) {}
 
   size_t slotBytes() const override { return slotBytes_; }
 
   std::byte* sendSlot(size_t) override {
     if (tail_ - head_ == messages_.size()) return nullptr;
-    return memory_.get() + (tail_ % messages_.size()) * slotBytes_;
+    return memory_.data() + (tail_ % messages_.size()) * slotBytes_;
   }
   void postSend(uint32_t bytes, uint32_t tag) override {
     Message& m = messages_[tail_ % messages_.size()];
-    m.data = memory_.get() + (tail_ % messages_.size()) * slotBytes_;
+    m.data = memory_.data() + (tail_ % messages_.size()) * slotBytes_;
     m.bytes = bytes;
     m.tag = tag;
     ++tail_;
@@ -38,7 +37,7 @@ class Loopback final : public Connection {
 
  private:
   size_t slotBytes_;
-  std::unique_ptr<std::byte[]> memory_;
+  Pages memory_;
   std::vector<Message> messages_;
   size_t head_ = 0;  // next message to read
   size_t tail_ = 0;  // next slot to fill

@@ -12,6 +12,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "transports/pages.h"
 #include "transports/tcp/tcp_device.h"
 #include "transports/wiring.h"
 #include "tuning/cost_model.h"
@@ -78,11 +79,9 @@ class TcpConnection final : public Connection {
         slotBytes_(slotBytes),
         slots_(static_cast<size_t>(slots)),
         streams_(std::move(streams)),
-        // Not zeroed: a slot's bytes are written before they are read, and
-        // pages nobody touches cost nothing.
-        sendMemory_(new std::byte[slotBytes * slots]),
+        sendMemory_(slotBytes * slots),
         sendHeaders_(slots),
-        recvMemory_(new std::byte[slotBytes * slots]),
+        recvMemory_(slotBytes * slots),
         recvMessages_(slots),
         iov_(2 * slots) {}
 
@@ -90,7 +89,7 @@ class TcpConnection final : public Connection {
 
   std::byte* sendSlot(size_t) override {
     if (sendPosted_ - sendWritten_ == slots_) return nullptr;
-    return sendMemory_.get() + (sendPosted_ % slots_) * slotBytes_;
+    return sendMemory_.data() + (sendPosted_ % slots_) * slotBytes_;
   }
   void postSend(uint32_t bytes, uint32_t tag) override {
     sendHeaders_[sendPosted_ % slots_] = {bytes, tag};
@@ -188,7 +187,7 @@ class TcpConnection final : public Connection {
     for (size_t i = 0; i < frames; ++i) {
       const size_t m = messageOf(k, stream.sent + i);
       FrameHeader& header = sendHeaders_[m % slots_];
-      std::byte* payload = sendMemory_.get() + (m % slots_) * slotBytes_;
+      std::byte* payload = sendMemory_.data() + (m % slots_) * slotBytes_;
       addIov(count, reinterpret_cast<std::byte*>(&header), sizeof(header), skip);
       addIov(count, payload, header.bytes, skip);
     }
@@ -273,7 +272,7 @@ class TcpConnection final : public Connection {
       // (A parent's frame being skipped goes to the slot the next message
       // takes, which is free.)
       const size_t m = messageOf(k, stream.received);
-      std::byte* slot = recvMemory_.get() + (m % slots_) * slotBytes_;
+      std::byte* slot = recvMemory_.data() + (m % slots_) * slotBytes_;
       if (stream.payloadRead < stream.header.bytes) {
         ssize_t got =
             readSome(k, slot + stream.payloadRead, stream.header.bytes - stream.payloadRead);
@@ -429,14 +428,14 @@ class TcpConnection final : public Connection {
 
   // Send FIFO: messages [sendWritten_, sendPosted_) are posted and not yet
   // fully written (each on its own socket).
-  std::unique_ptr<std::byte[]> sendMemory_;
+  Pages sendMemory_;
   std::vector<FrameHeader> sendHeaders_;
   size_t sendPosted_ = 0;
   size_t sendWritten_ = 0;
 
   // Receive FIFO: messages [recvRead_, recvFilled_) are unread; later ones
   // may already be in their slots, having come over other sockets.
-  std::unique_ptr<std::byte[]> recvMemory_;
+  Pages recvMemory_;
   std::vector<Message> recvMessages_;
   size_t recvRead_ = 0;
   size_t recvFilled_ = 0;
