@@ -61,19 +61,32 @@ struct Settings {
   }
 };
 
-Settings& settings() {
-  static Settings instance;
-  return instance;
+std::mutex gWriteMutex;
+
+// The settings in force. A reload replaces them; those replaced stay
+// allocated (a thread may be reading them), and their file is closed.
+std::atomic<Settings*>& current() {
+  static std::atomic<Settings*> settings{new Settings};
+  return settings;
 }
 
+Settings& settings() { return *current().load(std::memory_order_acquire); }
+
 std::atomic<int> gRank{-1};
-std::mutex gWriteMutex;
 
 }  // namespace
 
 bool enabled(Level level, Subsys subsys) {
   const Settings& s = settings();
   return level <= s.level && s.subsys[static_cast<int>(subsys)];
+}
+
+void reload() {
+  auto* fresh = new Settings;
+  std::lock_guard<std::mutex> lock(gWriteMutex);
+  Settings* old = current().exchange(fresh, std::memory_order_acq_rel);
+  if (old->out != stderr) std::fclose(old->out);
+  old->out = stderr;
 }
 
 void setRank(int rank) {
@@ -87,8 +100,8 @@ void write(Level level, Subsys subsys, const char* format, ...) {
   va_start(args, format);
   std::vsnprintf(message, sizeof(message), format, args);
   va_end(args);
-  Settings& s = settings();
   std::lock_guard<std::mutex> lock(gWriteMutex);
+  Settings& s = settings();  // (after the lock: a reload may close the file before)
   std::fprintf(s.out, "braid[rank %d pid %d %s] %s: %s\n", gRank.load(), static_cast<int>(getpid()),
                kSubsysNames[static_cast<int>(subsys)], kLevelNames[static_cast<int>(level)],
                message);

@@ -14,8 +14,13 @@ enum class Level : int { Off = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
 enum class Subsys : int { Init, Bootstrap, Net, Exec, Coll, Env };
 
 // True when a line at `level` from `subsys` would be written. Cheap: the
-// configuration is read from the environment once per process.
+// configuration is read from the environment once per process, and again
+// on reload().
 bool enabled(Level level, Subsys subsys);
+
+// Reads the logging variables of the environment again (NCCL's
+// ncclResetDebugInit). Safe while other threads log.
+void reload();
 
 void write(Level level, Subsys subsys, const char* format, ...)
     __attribute__((format(printf, 3, 4)));

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "braid/memory.h"
+#include "core/log.h"
 #include "nccl_compat/nccl_internal.h"
 
 static_assert(sizeof(ncclUniqueId) == sizeof(braid::UniqueId::bytes), "ids must match");
@@ -302,6 +303,8 @@ std::exception_ptr ncclComm::build(const std::function<Communicator()>& make) {
 }
 
 extern "C" {
+
+NCCL_EXPORT void pncclResetDebugInit(void) { braid::log::reload(); }
 
 NCCL_EXPORT ncclResult_t pncclGetVersion(int* version) {
   if (!version) return badArgument("ncclGetVersion", "argument 'version' is NULL");
@@ -768,6 +771,7 @@ NCCL_EXPORT ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
 
 // (GCC finds some targets cannot throw and would like the aliases to say so.)
 #pragma GCC diagnostic ignored "-Wmissing-attributes"
+NCCL_ALIAS(void, ResetDebugInit, (void));
 NCCL_ALIAS(ncclResult_t, GetVersion, (int* version));
 NCCL_ALIAS(ncclResult_t, GetUniqueId, (ncclUniqueId * uniqueId));
 NCCL_ALIAS(ncclResult_t, CommInitRankConfig,

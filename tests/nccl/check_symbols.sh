@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
-# 2.28's nccl.h under its nccl and pnccl names, and 2.29's ncclCommGetUniqueId
-# and ncclCommGrow.  check_symbols.sh LIBRARY
+# 2.28's nccl.h (ncclResetDebugInit included) under its nccl and pnccl
+# names, and 2.29's ncclCommGetUniqueId and ncclCommGrow.
+#   check_symbols.sh LIBRARY
 set -euo pipefail
 lib=$1
 soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
@@ -13,7 +14,7 @@ for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll Comm
   CommCuDevice CommUserRank GetErrorString GetLastError AllReduce Broadcast Bcast Reduce AllGather \
   ReduceScatter AlltoAll Gather Scatter Send Recv GroupStart GroupEnd GroupSimulateEnd \
   RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \
-  CommWindowRegister CommWindowDeregister; do
+  CommWindowRegister CommWindowDeregister ResetDebugInit; do
   for name in "nccl$f" "pnccl$f"; do
     grep -qx "$name" <<<"$exported" || { echo "not exported: $name" >&2; missing=1; }
   done

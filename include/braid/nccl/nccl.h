@@ -217,6 +217,13 @@ BRAID_NCCL_API(ncclResult_t, CommInitRankScalable,
                (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
                 ncclConfig_t* config));
 
+/* Reads the logging variables again (NCCL_DEBUG, NCCL_DEBUG_SUBSYS and
+ * braid's BRAID_LOG_*). NCCL marks it deprecated; so does this header. */
+__attribute__((deprecated("ncclResetDebugInit is deprecated in NCCL's API"))) void
+ncclResetDebugInit(void);
+__attribute__((deprecated("pncclResetDebugInit is deprecated in NCCL's API"))) void
+pncclResetDebugInit(void);
+
 BRAID_NCCL_API(const char*, GetErrorString, (ncclResult_t result));
 /* The message of this thread's last failed call (comm may be NULL). */
 BRAID_NCCL_API(const char*, GetLastError, (ncclComm_t comm));
