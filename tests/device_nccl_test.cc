@@ -317,6 +317,17 @@ TEST_P(DeviceNccl, SymmetricWindowsRegisteredInAGroupCarryDirectAllReduces) {
                                        NCCL_WIN_COLL_SYMMETRIC),
                 "ncclCommWindowRegister");
         check(ncclGroupEnd(), "ncclGroupEnd");
+        for (int r = 0; r < kRanks; ++r) {
+          void* user = nullptr;
+          check(ncclWinGetUserPtr(comms[r], handles[r], &user), "ncclWinGetUserPtr");
+          require(user == windows[r], format("rank %d's window gives back %p, not %p", r, user,
+                                             static_cast<void*>(windows[r])));
+        }
+        require(ncclWinGetUserPtr(comms[1], handles[0], nullptr) == ncclInvalidArgument,
+                "ncclWinGetUserPtr accepted a NULL outUserPtr");
+        void* user = nullptr;
+        require(ncclWinGetUserPtr(comms[1], handles[0], &user) == ncclInvalidArgument,
+                "ncclWinGetUserPtr accepted another communicator's window");
         check(ncclGroupStart(), "ncclGroupStart");
         for (int r = 0; r < kRanks; ++r) {
           auto stream = static_cast<cudaStream_t>(streams[r]->handle());

@@ -692,6 +692,7 @@ NCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, si
                                     winFlags));
     auto handle = std::make_unique<ncclWindow_vidmem>();
     handle->comm = comm;
+    handle->user = buff;
     ncclWindow_vidmem* made = handle.get();
     auto make = [made, buff, size, fn] {
       made->window = usable(made->comm, fn, false).comm.registerWindow(buff, size);
@@ -702,6 +703,18 @@ NCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, si
     else
       make();
     *win = handle.release();
+    return ncclSuccess;
+  });
+}
+
+NCCL_EXPORT ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr) {
+  const char* fn = "ncclWinGetUserPtr";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (ncclResult_t bad = need(outUserPtr, fn, "outUserPtr")) return bad;
+    if (!win || win->comm != comm)
+      return badArgument(fn, "argument 'win' was not registered on this communicator");
+    *outUserPtr = win->user;
     return ncclSuccess;
   });
 }
@@ -809,6 +822,7 @@ NCCL_ALIAS(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
 NCCL_ALIAS(ncclResult_t, CommWindowRegister,
            (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 NCCL_ALIAS(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
+NCCL_ALIAS(ncclResult_t, WinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
 NCCL_ALIAS(ncclResult_t, GroupStart, ());
 NCCL_ALIAS(ncclResult_t, GroupEnd, ());
 NCCL_ALIAS(ncclResult_t, GroupSimulateEnd, (ncclSimInfo_t * simInfo));

@@ -81,6 +81,7 @@ int rawValue(const Enum& value) {
 // A symmetric window's handle (ncclWindow_t).
 struct ncclWindow_vidmem {
   ncclComm* comm = nullptr;
+  void* user = nullptr;  // the buffer registered (ncclWinGetUserPtr)
   braid::Window window;  // filled at ncclGroupEnd for one registered in a group
 };
 

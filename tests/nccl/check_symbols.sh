@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
 # 2.28's nccl.h (ncclResetDebugInit included) under its nccl and pnccl
-# names, and 2.29's ncclCommGetUniqueId and ncclCommGrow.
+# names, and 2.29's ncclCommGetUniqueId, ncclCommGrow and ncclWinGetUserPtr.
 #   check_symbols.sh LIBRARY
 set -euo pipefail
 lib=$1
@@ -14,7 +14,7 @@ for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll Comm
   CommCuDevice CommUserRank GetErrorString GetLastError AllReduce Broadcast Bcast Reduce AllGather \
   ReduceScatter AlltoAll Gather Scatter Send Recv GroupStart GroupEnd GroupSimulateEnd \
   RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \
-  CommWindowRegister CommWindowDeregister ResetDebugInit; do
+  CommWindowRegister CommWindowDeregister ResetDebugInit WinGetUserPtr; do
   for name in "nccl$f" "pnccl$f"; do
     grep -qx "$name" <<<"$exported" || { echo "not exported: $name" >&2; missing=1; }
   done

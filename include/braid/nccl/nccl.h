@@ -248,6 +248,8 @@ BRAID_NCCL_API(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handl
 BRAID_NCCL_API(ncclResult_t, CommWindowRegister,
                (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 BRAID_NCCL_API(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
+/* The buffer `win` was registered with (NCCL 2.29). */
+BRAID_NCCL_API(ncclResult_t, WinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
 
 /* A sum whose inputs are first multiplied by *scalar (of `datatype`), for
  * collectives of that datatype on `comm`. */
