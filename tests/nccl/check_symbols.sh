@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
 # 2.28's nccl.h (ncclResetDebugInit included) under its nccl and pnccl
-# names, and 2.29's ncclCommGetUniqueId, ncclCommGrow and ncclWinGetUserPtr.
+# names, 2.29's ncclCommGetUniqueId, ncclCommGrow and ncclWinGetUserPtr, and
+# 2.30's parameter API.
 #   check_symbols.sh LIBRARY
 set -euo pipefail
 lib=$1
@@ -14,7 +15,9 @@ for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll Comm
   CommCuDevice CommUserRank GetErrorString GetLastError AllReduce Broadcast Bcast Reduce AllGather \
   ReduceScatter AlltoAll Gather Scatter Send Recv GroupStart GroupEnd GroupSimulateEnd \
   RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \
-  CommWindowRegister CommWindowDeregister ResetDebugInit WinGetUserPtr; do
+  CommWindowRegister CommWindowDeregister ResetDebugInit WinGetUserPtr ParamBind ParamGetI8 \
+  ParamGetI16 ParamGetI32 ParamGetI64 ParamGetU8 ParamGetU16 ParamGetU32 ParamGetU64 ParamGetStr \
+  ParamGet ParamGetParameter ParamGetAllParameterKeys ParamDumpAll; do
   for name in "nccl$f" "pnccl$f"; do
     grep -qx "$name" <<<"$exported" || { echo "not exported: $name" >&2; missing=1; }
   done

@@ -25,6 +25,7 @@ typedef struct CUstream_st* cudaStream_t;
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define NCCL_MAJOR 2
 #define NCCL_MINOR 28
@@ -298,6 +299,30 @@ BRAID_NCCL_API(ncclResult_t, Send,
 BRAID_NCCL_API(ncclResult_t, Recv,
                (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                 cudaStream_t stream));
+
+/* Parameters (NCCL 2.30): braid's knobs, each by its own name and by the
+ * NCCL name it also reads (braid-info --config lists them), with the value
+ * a communicator made now without a Config would take. As integers, sizes
+ * read in bytes and durations in milliseconds; as raw bytes (ncclParamGet),
+ * a number is an int64_t and text its characters and a NUL. Strings and
+ * tables returned stay valid until the same call on the same thread. */
+typedef struct ncclParamHandle* ncclParamHandle_t;
+BRAID_NCCL_API(ncclResult_t, ParamBind, (ncclParamHandle_t * out, const char* key));
+BRAID_NCCL_API(ncclResult_t, ParamGetI8, (ncclParamHandle_t h, int8_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetI16, (ncclParamHandle_t h, int16_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetI32, (ncclParamHandle_t h, int32_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetI64, (ncclParamHandle_t h, int64_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetU8, (ncclParamHandle_t h, uint8_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetU16, (ncclParamHandle_t h, uint16_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetU32, (ncclParamHandle_t h, uint32_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetU64, (ncclParamHandle_t h, uint64_t* out));
+BRAID_NCCL_API(ncclResult_t, ParamGetStr, (ncclParamHandle_t h, const char** out));
+BRAID_NCCL_API(ncclResult_t, ParamGet, (ncclParamHandle_t h, void* out, int maxLen, int* len));
+BRAID_NCCL_API(ncclResult_t, ParamGetParameter,
+               (const char* key, const char** value, int* valueLen));
+BRAID_NCCL_API(ncclResult_t, ParamGetAllParameterKeys, (const char*** table, int* tableLen));
+/* Every parameter with its value and where it came from, to the log. */
+BRAID_NCCL_API(void, ParamDumpAll, (void));
 
 /* Calls between ncclGroupStart and the matching ncclGroupEnd, on one or
  * several communicators of this thread, run together at ncclGroupEnd. */
