@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bootstrap/socket.h"
+#include "core/call_algorithm.h"
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/introspect.h"
@@ -508,6 +509,53 @@ TEST(BraidAlgo, ForcesTheAlgorithmFallsBackWhereItCannotApplyAndRejectsBadLists)
   }
   ::unsetenv("BRAID_ALGO");
   ::unsetenv("BRAID_TUNING");
+}
+
+// A call's own algorithm selection (the NCCL layer's per-collective
+// configs) decides that call only: the next plain call of the same shape
+// runs braid's choice again. A forced selection with nothing for the call
+// is refused and leaves the communicator usable; an unforced one falls
+// back to braid's choice.
+TEST(BraidAlgo, ACallsOwnSelectionDecidesThatCallOnly) {
+  ::unsetenv("BRAID_ALGO");
+  runRanks(4, [](Communicator& comm) {
+    std::vector<float> in(4096, 1.0f), out(4096);
+    auto sum = [&] {
+      comm.allReduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+      require(out[0] == 4.0f && out[4095] == 4.0f, "wrong sum");
+      return detail::lastAlgorithm(comm);
+    };
+    auto select = [](const char* list, bool force) {
+      return detail::CallAlgorithm{
+          std::make_shared<const tuning::AlgoPreference>(tuning::AlgoPreference::parse(list)),
+          force};
+    };
+    const std::string braids = sum();
+    const char* other = braids == "tree" ? "allreduce:ring" : "allreduce:tree";
+    {
+      detail::CallAlgorithmScope scope(select(other, true));
+      require("allreduce:" + sum() == other,
+              "the selected all-reduce ran " + detail::lastAlgorithm(comm) + ", not " + other);
+    }
+    require(sum() == braids, "the next plain all-reduce ran " + detail::lastAlgorithm(comm) +
+                                 ", not braid's " + braids);
+    {
+      detail::CallAlgorithmScope scope(select("broadcast:binomial", true));
+      try {
+        sum();
+        require(false, "a forced selection with no all-reduce algorithm ran");
+      } catch (const Error& error) {
+        require(error.code() == ErrorCode::InvalidArgument &&
+                    std::string(error.what()).find("algorithm selection") != std::string::npos,
+                std::string("refused as: ") + error.what());
+      }
+    }
+    {
+      detail::CallAlgorithmScope scope(select("broadcast:binomial", false));
+      require(sum() == braids, "an unforced empty selection ran " + detail::lastAlgorithm(comm));
+    }
+    require(sum() == braids, "after the refusal the all-reduce ran " + detail::lastAlgorithm(comm));
+  });
 }
 
 // BRAID_TUNING=model: every rank picks what its transport's model predicts fastest

@@ -9,8 +9,10 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "core/arguments.h"
+#include "core/call_algorithm.h"
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -159,10 +161,14 @@ void placeOn(PendingOp& op, bool onDevice, const Stream& stream) {
   op.deviceStream = onDevice ? stream.deviceStream() : nullptr;
 }
 
+thread_local detail::CallAlgorithm tCallAlgorithm;
+
 PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const char* name,
                        const algo::Shape& shape, DataType type, const void* input, void* output,
                        Stream stream, bool onDevice) {
   PendingOp op;
+  op.preference = tCallAlgorithm.preference;
+  op.forcePreference = tCallAlgorithm.force;
   op.kind = collective;
   op.info.name = name;
   op.info.seq = impl.nextCollectiveSeq();
@@ -177,6 +183,17 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
 }
 
 }  // namespace
+
+namespace detail {
+
+CallAlgorithmScope::CallAlgorithmScope(CallAlgorithm selection)
+    : previous_(std::exchange(tCallAlgorithm, std::move(selection))) {}
+
+CallAlgorithmScope::~CallAlgorithmScope() { tCallAlgorithm = std::move(previous_); }
+
+const CallAlgorithm& callAlgorithm() { return tCallAlgorithm; }
+
+}  // namespace detail
 
 Work Communicator::allReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
                              Stream stream) {

@@ -69,6 +69,9 @@ struct PendingOp {
   std::vector<const std::byte*> peerInputs;
   std::vector<std::byte*> peerOutputs;
   std::shared_ptr<Work::State> work;
+  // The call's own algorithm selection (detail::CallAlgorithmScope), if any.
+  std::shared_ptr<const tuning::AlgoPreference> preference;
+  bool forcePreference = false;
 
   bool pointToPoint() const { return kind == Collective::Send || kind == Collective::Recv; }
 };

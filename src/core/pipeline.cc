@@ -286,6 +286,18 @@ int Communicator::Impl::awaitSender(size_t count, DataType type) {
 
 void Communicator::Impl::resolvePlan(PendingOp& op, bool keep) {
   PlanCache& cache = op.onDevice ? devicePlans : plans;
+  if (op.preference) {  // the call's own selection
+    algo::Algorithm chosen;
+    if (tuning::preferred(op.kind, op.shape, *op.preference, &chosen)) {
+      op.keepPlan = cache.remember(chosen, algo::makePlan(op.kind, chosen, op.shape));
+      op.plan = op.keepPlan.get();
+      return;
+    }
+    if (op.forcePreference)
+      fail(ErrorCode::InvalidArgument, rank,
+           format("%s: its algorithm selection (%s) has no algorithm for this call",
+                  op.info.describe().c_str(), op.preference->describe().c_str()));
+  }
   try {
     op.plan = cache.get(op.kind, op.shape).get();
   } catch (const Error& error) {

@@ -23,6 +23,16 @@ class PlanCache {
   // The reference stays valid until the next get().
   const std::shared_ptr<const algo::Plan>& get(Collective collective, const algo::Shape& shape);
 
+  // Notes a plan made for one call outside the cache's choice (a call's
+  // own algorithm selection): its algorithm is the last one handed out
+  // (lastAlgorithm()), and the next get() looks its plan up again. Returns
+  // the plan, shared.
+  std::shared_ptr<const algo::Plan> remember(algo::Algorithm algorithm, algo::Plan plan) {
+    lastAlgorithm_ = algorithm;
+    last_.reset();
+    return std::make_shared<const algo::Plan>(std::move(plan));
+  }
+
   // The plan the last get() returned, and its algorithm.
   const std::shared_ptr<const algo::Plan>& last() const { return last_; }
   algo::Algorithm lastAlgorithm() const { return lastAlgorithm_; }
