@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # libnccl.so.2 has SONAME libnccl.so.2 and exports every function of NCCL
 # 2.28's nccl.h (ncclResetDebugInit included) under its nccl and pnccl
-# names, 2.29's ncclCommGetUniqueId, ncclCommGrow and ncclWinGetUserPtr, and
-# 2.30's parameter API.
+# names, 2.29's ncclCommGetUniqueId, ncclCommGrow and ncclWinGetUserPtr,
+# 2.30's parameter API and 2.32's per-collective config calls.
 #   check_symbols.sh LIBRARY
 set -euo pipefail
 lib=$1
@@ -17,7 +17,9 @@ for f in GetVersion GetUniqueId CommInitRank CommInitRankConfig CommInitAll Comm
   RedOpCreatePreMulSum RedOpDestroy MemAlloc MemFree CommRegister CommDeregister \
   CommWindowRegister CommWindowDeregister ResetDebugInit WinGetUserPtr ParamBind ParamGetI8 \
   ParamGetI16 ParamGetI32 ParamGetI64 ParamGetU8 ParamGetU16 ParamGetU32 ParamGetU64 ParamGetStr \
-  ParamGet ParamGetParameter ParamGetAllParameterKeys ParamDumpAll; do
+  ParamGet ParamGetParameter ParamGetAllParameterKeys ParamDumpAll AllReduceConfig \
+  BroadcastConfig ReduceConfig AllGatherConfig ReduceScatterConfig AlltoAllConfig GatherConfig \
+  ScatterConfig; do
   for name in "nccl$f" "pnccl$f"; do
     grep -qx "$name" <<<"$exported" || { echo "not exported: $name" >&2; missing=1; }
   done

@@ -21,6 +21,7 @@
 #endif
 #ifndef CUDART_VERSION
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
 #endif
 
 #include <limits.h>
@@ -117,6 +118,56 @@ typedef struct ncclConfig_v22800 {
         NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,            \
         NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
         NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                    \
+  }
+
+/* Checked in the versioned structs (ncclCollConfig_t). */
+#define NCCL_API_MAGIC 0xcafebeef
+
+/* A vendor's option for one call, in a list hung from ncclCollConfig_t's
+ * `ext`. braid has none of its own and reads none. */
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+
+/* Options for one collective (the nccl*Config calls, NCCL 2.32); start
+ * from NCCL_COLLCONFIG_INITIALIZER. braid reads `algSelection` (NCCL_ALGO's
+ * names, "Ring", "^Tree", "allreduce:tree;broadcast:ring", or braid's own,
+ * as BRAID_ALGO takes them) and `forceAlgSelection` (1: a call the
+ * selection has no algorithm for is ncclInvalidArgument; 0: braid chooses
+ * then). The kernel settings (CTAs, cluster size, CTA policy), the profiler
+ * tag and the launch completion event are accepted and, under
+ * NCCL_DEBUG=INFO, named as not used. */
+typedef struct ncclCollConfig_v23200 {
+  size_t size; /* these three are set by the initializer */
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  int minCTAs;
+  int maxCTAs;
+  int nvlsCTAs;
+  int cgaClusterSize;
+  const char* algSelection;
+  int forceAlgSelection;
+  int CTAPolicy;
+  uint64_t userProfilerTag;
+  cudaEvent_t launchCompletionEvent;
+} ncclCollConfig_t;
+
+#define NCCL_COLLCONFIG_INITIALIZER                                                     \
+  {                                                                                     \
+    sizeof(ncclCollConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_PTR, \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, 1, NCCL_CONFIG_UNDEF_INT, 0,      \
+        NCCL_CONFIG_UNDEF_PTR                                                           \
   }
 
 /* What ncclGroupSimulateEnd reports. */
@@ -290,6 +341,37 @@ BRAID_NCCL_API(ncclResult_t, Gather,
 BRAID_NCCL_API(ncclResult_t, Scatter,
                (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                 int root, ncclComm_t comm, cudaStream_t stream));
+
+/* Each collective with a per-call config (NCCL 2.32); a NULL config is the
+ * plain call. ncclAlltoAll, ncclGather and ncclScatter run over sends and
+ * receives: a selection with force has no algorithm for them. */
+BRAID_NCCL_API(ncclResult_t, AllReduceConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+                const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, BroadcastConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, ReduceConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+                const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, AllGatherConfig,
+               (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, ReduceScatterConfig,
+               (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+                const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, AlltoAllConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, GatherConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+BRAID_NCCL_API(ncclResult_t, ScatterConfig,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
 
 /* Point to point: the k-th send from A to B meets the k-th recv at B from A.
  * Group them (ncclGroupStart/End) to exchange with several peers at once. */
