@@ -8,20 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_check.h"
+
 #define RANKS 3
 #define COUNT 3000
-
-static int failures = 0;
-
-#define EXPECT(cond, ...)                              \
-  do {                                                 \
-    if (!(cond)) {                                     \
-      fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);  \
-      fprintf(stderr, __VA_ARGS__);                    \
-      fprintf(stderr, " (%s)\n", ncclGetLastError(0)); \
-      ++failures;                                      \
-    }                                                  \
-  } while (0)
 
 static ncclComm_t comms[RANKS];
 static float in[RANKS][RANKS * COUNT], out[RANKS][RANKS * COUNT];

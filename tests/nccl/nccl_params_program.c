@@ -10,17 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                              \
-  do {                                                 \
-    if (!(cond)) {                                     \
-      fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);  \
-      fprintf(stderr, __VA_ARGS__);                    \
-      fprintf(stderr, " (%s)\n", ncclGetLastError(0)); \
-      ++failures;                                      \
-    }                                                  \
-  } while (0)
+#include "c_check.h"
 
 static int fileHas(const char* path, const char* text) {
   char line[4096];
