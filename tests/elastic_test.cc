@@ -659,5 +659,40 @@ TEST(Shrink, OverTcpTheChildCarriesOnOverItsParentsSockets) {
       options);
 }
 
+// A shrunk communicator that carries on over its parent's sockets may give
+// up before it read past the parent's frames; its own shrink then skips
+// two last words on those sockets, the parent's and its own. Rank 0 leaves
+// 16 MiB of the parent's frames unread at rank 1; the first child is
+// revoked before any op, and shrinks again.
+TEST(Shrink, OverTcpAShrinkOfAShrunkCommunicatorCarriesOnToo) {
+  RunOptions options;
+  options.killed = {3};
+  options.config.transports = "tcp";
+  runRanks(
+      4,
+      [](Communicator& comm) {
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(milliseconds(50));
+          ::raise(SIGKILL);
+        }
+        try {
+          std::vector<float> big(size_t{1} << 22, 1.0f);
+          float one = 0;
+          if (comm.rank() == 0)
+            comm.send(big.data(), big.size(), DataType::Float32, 1);
+          else
+            comm.recv(&one, 1, DataType::Float32, 3);
+          require(false, "the parent's op did not fail");
+        } catch (const Error&) {
+        }
+        Communicator child = comm.shrink();
+        child.revoke();  // it reads nothing: its sockets still hold the parent's frames
+        Communicator grandchild = child.shrink();
+        require(grandchild.size() == 3, format("size %d", grandchild.size()));
+        requireEveryCollective(grandchild);
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace braid

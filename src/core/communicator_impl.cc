@@ -242,8 +242,7 @@ void Communicator::Impl::recordFailure(const Error& error, int blamed,
 }
 
 void Communicator::Impl::giveUp(int blamed) {
-  if (gaveUp) return;
-  gaveUp = true;
+  if (gaveUp.exchange(true)) return;
   transport::GiveUpReason reason = executor->blamedReason();
   if (blamed < 0) {  // the failure came from elsewhere first (the device path)
     std::lock_guard<std::mutex> lock(failureMutex);

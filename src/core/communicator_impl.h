@@ -187,7 +187,9 @@ struct Communicator::Impl {
   // After a failed op: every peer is told this rank is out because of rank
   // `blamed` (-1: unknown), once, so that each fails at once and names it.
   void giveUp(int blamed);
-  bool gaveUp = false;  // touched only by the thread that runs ops
+  // The peers were told (giveUp()); by the thread that runs ops, or by
+  // revoke() from another while none runs.
+  std::atomic<bool> gaveUp{false};
   // shrink(): the rendezvous among the ranks that `known` does not leave
   // out (per rank: expected, excluded, seen failing or gone; shrink.cc;
   // with `agreed`, what this rank saw fail, found here), which agree on the

@@ -62,10 +62,11 @@ struct Stream {
   bool closed = false;    // the peer closed this socket, or gave up on it
   bool wordRead = false;  // ... and that with its last word
   bool wordSent = false;  // this rank gave up on it, and its last word is out
-  // Taken over from a retired parent's connection: the frames and words
-  // still to come of the parent's stream, up to its last word, are read
-  // and dropped.
-  bool skipping = false;
+  // Taken over from a retired parent's connection: how many of the peer's
+  // last words are still to come before this communicator's frames (the
+  // parent's, and its own parent's where the parent was skipping too when
+  // it gave up). What comes before them is read and dropped.
+  int skipping = 0;
 };
 
 class TcpConnection final : public Connection {
@@ -134,7 +135,7 @@ class TcpConnection final : public Connection {
       Stream& before = streams_[k];
       Stream& after = streams[k];
       after.socket = std::move(before.socket);
-      after.skipping = !before.wordRead;
+      after.skipping = before.skipping + (before.wordRead ? 0 : 1);
       after.header = before.header;
       after.headerRead = before.headerRead;
       after.payloadRead = before.payloadRead;
@@ -245,9 +246,9 @@ class TcpConnection final : public Connection {
           const uint32_t bits = header.bytes & ~kWord;
           const int rank = bits == kNoRank ? -1 : static_cast<int>(bits);
           stream.headerRead = 0;
-          if (stream.skipping) {  // the parent's word: its last ends the skipping
-            stream.skipping = header.tag == kWaitingFor;
-            if (!stream.skipping && skipped_ > 0)
+          if (stream.skipping > 0) {  // a parent's word: its last words end the skipping
+            if (header.tag != kWaitingFor) --stream.skipping;
+            if (stream.skipping == 0 && skipped_ > 0)
               BRAID_DEBUG(Net, "peer %d: %zu frame(s) of the shrunk communicator skipped", peer_,
                           skipped_);
             continue;
@@ -281,7 +282,7 @@ class TcpConnection final : public Connection {
         stream.payloadRead += got;
         if (stream.payloadRead < stream.header.bytes) continue;
       }
-      if (stream.skipping) {
+      if (stream.skipping > 0) {
         stream.headerRead = 0;
         ++skipped_;
         continue;
@@ -304,6 +305,7 @@ class TcpConnection final : public Connection {
   // shut down; one that did stays open for a shrunk communicator to carry
   // on over (the peer reads nothing past the word; closing it ends it).
   void giveUp(int failedRank, GiveUpReason reason, Clock::time_point deadline) {
+    if (gaveUp_) return;      // one last word, whoever calls again
     if (!failure_.empty()) {  // broken already: nobody to tell
       for (Stream& stream : streams_) ::shutdown(stream.socket.fd(), SHUT_WR);
       return;
