@@ -260,7 +260,7 @@ BRAID_NCCL_API(ncclResult_t, CommShrink,
 /* Growing (NCCL 2.29): one member makes the id the new ranks join with;
  * every member calls ncclCommGrow(comm, nRanks, id or NULL, -1, ...) and
  * keeps its rank, each new rank ncclCommGrow(NULL, nRanks, id, rank, ...). */
-BRAID_NCCL_API(ncclResult_t, CommGetUniqueId, (ncclComm_t comm, ncclUniqueId * uniqueId));
+BRAID_NCCL_API(ncclResult_t, CommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId));
 BRAID_NCCL_API(ncclResult_t, CommGrow,
                (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
                 ncclComm_t* newcomm, ncclConfig_t* config));
