@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace braid::log {
 namespace {
@@ -87,6 +88,8 @@ void reload() {
   Settings* old = current().exchange(fresh, std::memory_order_acq_rel);
   if (old->out != stderr) std::fclose(old->out);
   old->out = stderr;
+  static auto* retired = new std::vector<Settings*>;  // kept: a reader may hold one still
+  retired->push_back(old);
 }
 
 void setRank(int rank) {
