@@ -228,10 +228,9 @@ Wiring wireUp(const Setup& setup) {
     if (!anyPairTakesLast(tried, bootstrap)) continue;
     TransportUse use = TransportUse::Auto;
     if (automatic && entry.useKnob) {
-      int8_t& may = wiring.mayTry[static_cast<size_t>(row - table().data())];
-      const int8_t parents =
-          setup.parent ? setup.parent->wiring.mayTry[static_cast<size_t>(row - table().data())]
-                       : -1;
+      const auto index = static_cast<size_t>(row - table().data());
+      int8_t& may = wiring.mayTry[index];
+      const int8_t parents = setup.parent ? setup.parent->wiring.mayTry[index] : -1;
       if (parents >= 0) {  // the same knobs, agreed by its ranks, a subset of which these are
         use = setup.knobs.*entry.use;
         may = parents;

@@ -31,7 +31,4 @@ class CallAlgorithmScope {
   CallAlgorithm previous_;
 };
 
-// This thread's selection: an empty one outside every scope.
-const CallAlgorithm& callAlgorithm();
-
 }  // namespace braid::detail

@@ -191,8 +191,6 @@ CallAlgorithmScope::CallAlgorithmScope(CallAlgorithm selection)
 
 CallAlgorithmScope::~CallAlgorithmScope() { tCallAlgorithm = std::move(previous_); }
 
-const CallAlgorithm& callAlgorithm() { return tCallAlgorithm; }
-
 }  // namespace detail
 
 Work Communicator::allReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
