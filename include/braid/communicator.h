@@ -48,6 +48,18 @@ struct Window {
   uint64_t id = 0;
 };
 
+// Signals of one-sided calls: each rank keeps a counter per (source rank,
+// signal), signals 0 to kSignals - 1.
+constexpr int kSignals = 16;
+
+// What Communicator::waitSignals waits for: `count` more raises of signal
+// `signal` by rank `peer`.
+struct SignalWait {
+  int peer = 0;
+  int signal = 0;
+  uint64_t count = 1;
+};
+
 // What shrink() does with the ops still pending on the communicator:
 // waits for them to finish (Default; NCCL_SHRINK_DEFAULT), or fails them at
 // once (Abort; NCCL_SHRINK_ABORT), for a communicator hung on a dead rank.
@@ -218,8 +230,19 @@ class Communicator {
   // (Config::device), or -1 when the process has no device.
   int device() const;
 
-  // Collective: registers `bytes` of device memory at `buffer` as a window
-  // that every rank of this host maps (NCCL's ncclCommWindowRegister). The
+  // Collective: registers `bytes` at `buffer` as this rank's part of a
+  // window (NCCL's ncclCommWindowRegister). Every rank registers the same
+  // kind of memory: host memory, or device memory of this communicator's
+  // device.
+  //
+  // A host window takes one-sided puts (put() below) from every rank; its
+  // parts may differ in size. Puts from ranks of this host write into it
+  // directly (mapped when it is braid::memAlloc memory, else with
+  // process_vm_writev), those from other hosts through a socket that a
+  // thread of this rank drains. The first host window sets that up
+  // (collective, once per communicator).
+  //
+  // A device window is mapped by every rank of this host. The
   // memory is this communicator's device's; for ranks of other processes
   // it must be an allocation braid made (ncclMemAlloc), from its start, and
   // every rank registers the same size. From then on a device collective
@@ -233,10 +256,36 @@ class Communicator {
   // registered anywhere.
   Window registerWindow(void* buffer, size_t bytes);
   // Collective: waits until the device passed every op issued before (on
-  // every rank), then unmaps the window everywhere; the memory is the
-  // caller's again. Throws Error(InvalidArgument) for a window this
-  // communicator did not register.
+  // every rank), and every put into the window issued before has landed,
+  // then unmaps the window everywhere; the memory is the caller's again.
+  // Throws Error(InvalidArgument) for a window this communicator did not
+  // register.
   void deregisterWindow(Window window);
+
+  // One-sided (NCCL's ncclPutSignal): writes `count` elements of `type` from
+  // `source` into rank `peer`'s part of host window `window`, `offset` bytes
+  // in, then raises `signal` there (-1: none). `peer` takes no part; it
+  // learns of the put through waitSignals(). Puts and signals from one rank
+  // to another land in the order they were issued. Returns a completed
+  // Work: `source` may be reused, and the bytes are in the window or on
+  // their way (a put to another host). Runs after this rank's ops issued
+  // before, outside groups. Throws Error(InvalidArgument) naming the
+  // argument (a peer out of range, a window not registered or a device
+  // window, bytes past the end of the peer's part, a signal out of
+  // range), with nothing written.
+  Work put(const void* source, size_t count, DataType type, int peer, Window window, size_t offset,
+           int signal, Stream stream = {});
+  // Raises `signal` at `peer` with no data (NCCL's ncclSignal), in order
+  // with this rank's puts to it. Needs a host window registered first.
+  Work signal(int peer, int signal, Stream stream = {});
+  // Waits until each of `waits` is met (NCCL's ncclWaitSignal): rank
+  // waits[i].peer raised waits[i].signal waits[i].count more times than
+  // the counts consumed by earlier waits; then consumes them. The puts
+  // before those signals are then in this rank's window. Throws
+  // Error(InvalidArgument) naming the wait at fault; Timeout after the
+  // communicator's timeout; RemoteError when a peer on another host that
+  // it waits for is gone.
+  Work waitSignals(const SignalWait* waits, size_t count, Stream stream = {});
   bool valid() const { return impl_ != nullptr; }
 
   struct Impl;  // opaque outside the library

@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "core/knob_agreement.h"
 #include "core/log.h"
+#include "core/one_sided.h"
 
 namespace braid {
 namespace {

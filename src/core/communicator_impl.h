@@ -25,6 +25,8 @@
 
 namespace braid {
 
+class OneSided;
+
 // The deadline `timeout` from now: of a communicator's set-up, or of one
 // agreement among its ranks.
 inline net::Deadline deadlineAfter(std::chrono::milliseconds timeout) {
@@ -271,6 +273,8 @@ struct Communicator::Impl {
   // for every op that may use them).
   std::vector<RegisteredWindow> windows;
   uint64_t nextWindow = 1;
+  // Host windows and one-sided calls; made by the first host window.
+  std::unique_ptr<OneSided> oneSided;
 
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;

@@ -1,12 +1,14 @@
-// Windows: device memory registered with a communicator, which every rank
-// of one host maps, so that one-shot and two-shot plans read and write
-// peers' buffers directly (Communicator::registerWindow).
+// Windows: memory registered with a communicator. Device windows are mapped
+// by every rank of one host, so that one-shot and two-shot plans read and
+// write peers' buffers directly; host windows take one-sided puts
+// (one_sided.h). Communicator::registerWindow and the one-sided calls.
 #include <algorithm>
 
 #include "core/arguments.h"
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/one_sided.h"
 
 namespace braid {
 
@@ -73,65 +75,202 @@ void Communicator::Impl::mapBuffers(PendingOp& op) const {
   }
 }
 
+namespace {
+
+// A completed Work, for calls that finish before they return.
+Work finished() {
+  auto state = std::make_shared<Work::State>();
+  state->complete(nullptr);
+  return Work(std::move(state));
+}
+
+}  // namespace
+
 Window Communicator::registerWindow(void* buffer, size_t bytes) {
   Impl& impl = usable(impl_.get(), "registerWindow");
   const char* what = "registerWindow";
-  // (Every rank or none has a device: these fail alike everywhere.)
-  if (!impl.device)
-    throw Error(ErrorCode::InvalidUsage, format("braid rank %d: %s: %s", impl.rank, what,
-                                                device::unavailableReason().c_str()));
-  if (!impl.deviceExecutor)
-    throw Error(ErrorCode::InvalidUsage,
-                format("braid rank %d: %s: device buffers cannot be used: %s", impl.rank, what,
-                       impl.noDevice.c_str()));
   std::string problem;
-  const int holder = buffer ? impl.device->deviceOf(buffer) : -1;
+  const int holder = buffer && impl.device ? impl.device->deviceOf(buffer) : -1;
   if (!buffer)
     problem = "argument 'buffer' is NULL";
   else if (bytes == 0)
     problem = "argument 'bytes' is 0";
-  else if (holder != impl.deviceIndex)
-    problem = format("argument 'buffer' is %s, not memory of this communicator's device %d",
-                     holder < 0 ? "host memory" : format("memory of device %d", holder).c_str(),
-                     impl.deviceIndex);
+  else if (holder >= 0 && holder != impl.deviceIndex)
+    problem = format(
+        "argument 'buffer' is memory of device %d, not of this communicator's "
+        "device %d",
+        holder, impl.deviceIndex);
   impl.waitForAsyncIdle();
   agreeOnArguments(impl, what, problem);
-  const transport::Setup setup{*impl.bootstrap,
-                               impl.knobs,
-                               impl.knobs.deviceSlotBytes,
-                               impl.knobs.deviceSlots,
-                               deadlineAfter(impl.timeout()),
-                               impl.device,
-                               impl.deviceIndex};
-  std::vector<transport::PeerWindow> ranks;
+  // Every rank registers the same kind of memory.
+  std::vector<uint8_t> kinds(static_cast<size_t>(impl.nranks));
+  kinds[static_cast<size_t>(impl.rank)] = holder >= 0;
+  impl.bootstrap->allGather(kinds.data(), 1, deadlineAfter(impl.timeout()));
+  for (int r = 1; r < impl.nranks; ++r)
+    if (kinds[static_cast<size_t>(r)] != kinds[0])
+      fail(ErrorCode::InvalidArgument, impl.rank,
+           format("%s: argument 'buffer' is %s memory on rank 0 but %s memory on rank %d: every "
+                  "rank registers the same kind",
+                  what, kinds[0] ? "device" : "host", kinds[0] ? "host" : "device", r));
+  const bool onDevice = holder >= 0;
   try {
-    ranks = transport::mapWindow(setup, impl.wiring, buffer, bytes);
+    if (!onDevice) {
+      if (!impl.oneSided) impl.oneSided = std::make_unique<OneSided>(impl);
+      const uint64_t id = impl.nextWindow++;
+      impl.oneSided->addWindow(id, static_cast<std::byte*>(buffer), bytes);
+      return Window{id};
+    }
+    if (!impl.deviceExecutor)
+      throw Error(ErrorCode::InvalidUsage,
+                  format("device buffers cannot be used: %s", impl.noDevice.c_str()));
+    const transport::Setup setup{*impl.bootstrap,
+                                 impl.knobs,
+                                 impl.knobs.deviceSlotBytes,
+                                 impl.knobs.deviceSlots,
+                                 deadlineAfter(impl.timeout()),
+                                 impl.device,
+                                 impl.deviceIndex};
+    std::vector<transport::PeerWindow> ranks =
+        transport::mapWindow(setup, impl.wiring, buffer, bytes);
+    const uint64_t id = impl.nextWindow++;
+    impl.windows.emplace_back(id, static_cast<std::byte*>(buffer), bytes, std::move(ranks),
+                              *impl.device);
+    return Window{id};
   } catch (const Error& error) {
     // Every rank throws alike; an argument error leaves the communicator as it was.
-    if (error.code() == ErrorCode::Timeout) impl.recordFailure(error);
-    throw Error(error.code(), format("braid rank %d: %s: %s", impl.rank, what, error.what()));
+    if (error.code() == ErrorCode::Timeout || error.code() == ErrorCode::RemoteError)
+      impl.recordFailure(error);
+    const std::string message = error.what();
+    if (message.rfind("braid rank", 0) == 0) throw;
+    throw Error(error.code(), format("braid rank %d: %s: %s", impl.rank, what, message.c_str()));
   }
-  const uint64_t id = impl.nextWindow++;
-  impl.windows.emplace_back(id, static_cast<std::byte*>(buffer), bytes, std::move(ranks),
-                            *impl.device);
-  return Window{id};
 }
 
 void Communicator::deregisterWindow(Window window) {
   Impl& impl = usable(impl_.get(), "deregisterWindow");
   auto found = std::find_if(impl.windows.begin(), impl.windows.end(),
                             [&](const RegisteredWindow& w) { return w.id() == window.id; });
+  const bool host = impl.oneSided && impl.oneSided->hasWindow(window.id);
   // Every op that may reach into a window runs before the peers unmap it;
   // the agreement after it is also the barrier behind every rank's ops.
   impl.waitForAsyncIdle();
   if (impl.deviceExecutor) impl.deviceExecutor->waitIdle();
   agreeOnArguments(impl, "deregisterWindow",
-                   found != impl.windows.end()
+                   found != impl.windows.end() || host
                        ? ""
                        : format("window %llu was not registered with this communicator (or was "
                                 "deregistered already)",
                                 static_cast<unsigned long long>(window.id)));
-  impl.windows.erase(found);
+  if (!host) {
+    impl.windows.erase(found);
+    return;
+  }
+  try {
+    impl.oneSided->removeWindow(window.id);
+  } catch (const Error& error) {
+    impl.recordFailure(error);
+    throw;
+  }
+}
+
+namespace {
+
+// Where one-sided calls may run: on a communicator with host windows,
+// outside groups, after this rank's earlier ops.
+OneSided& oneSidedFor(Communicator::Impl& impl, const char* op) {
+  if (!impl.oneSided)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         format("%s: one-sided calls need a host window registered first (registerWindow)", op));
+  if (impl.groupDepth > 0)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         format("%s: one-sided calls cannot be part of a group (call it before groupStart() or "
+                "after groupEnd())",
+                op));
+  impl.waitForAsyncIdle();
+  impl.throwIfFailed();
+  return *impl.oneSided;
+}
+
+void checkSignal(const ArgumentCheck& check, const char* name, int signal, bool noneAllowed) {
+  if (signal < (noneAllowed ? -1 : 0) || signal >= kSignals)
+    check.reject(format("argument '%s' is %d, not in [%d, %d)", name, signal, noneAllowed ? -1 : 0,
+                        kSignals));
+}
+
+// Runs a one-sided call; a failure that is not an argument's is sticky.
+template <typename Call>
+Work runOneSided(Communicator::Impl& impl, int peer, Call call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::InvalidArgument) impl.recordFailure(error, peer);
+    throw;
+  }
+  return finished();
+}
+
+}  // namespace
+
+Work Communicator::put(const void* source, size_t count, DataType type, int peer, Window window,
+                       size_t offset, int signal, Stream stream) {
+  (void)stream;  // host windows: the call runs in this thread
+  Impl& impl = usable(impl_.get(), "put");
+  ArgumentCheck check(impl, "put");
+  check.type(type);
+  check.size("count", count, type);
+  check.rank("peer", peer);
+  check.buffer("source", source, count);
+  checkSignal(check, "signal", signal, true);
+  const bool device = std::any_of(impl.windows.begin(), impl.windows.end(),
+                                  [&](const RegisteredWindow& w) { return w.id() == window.id; });
+  if (device)
+    check.reject(format("argument 'window' (%llu) is a device window: puts take host windows",
+                        static_cast<unsigned long long>(window.id)));
+  if (!impl.oneSided || !impl.oneSided->hasWindow(window.id))
+    check.reject(format("argument 'window' (%llu) is not a window of this communicator",
+                        static_cast<unsigned long long>(window.id)));
+  const size_t bytes = count * dataTypeSize(type);
+  const size_t part = impl.oneSided->windowBytes(window.id, peer);
+  if (offset > part || bytes > part - offset)
+    check.reject(
+        format("argument 'offset' (%zu) and %zu bytes pass the end of rank %d's part of "
+               "the window (%zu bytes)",
+               offset, bytes, peer, part));
+  OneSided& oneSided = oneSidedFor(impl, "put");
+  return runOneSided(impl, peer,
+                     [&] { oneSided.put(source, bytes, peer, window.id, offset, signal); });
+}
+
+Work Communicator::signal(int peer, int signal, Stream stream) {
+  (void)stream;
+  Impl& impl = usable(impl_.get(), "signal");
+  ArgumentCheck check(impl, "signal");
+  check.rank("peer", peer);
+  checkSignal(check, "signal", signal, false);
+  OneSided& oneSided = oneSidedFor(impl, "signal");
+  return runOneSided(impl, peer, [&] { oneSided.signal(peer, signal); });
+}
+
+Work Communicator::waitSignals(const SignalWait* waits, size_t count, Stream stream) {
+  (void)stream;
+  Impl& impl = usable(impl_.get(), "waitSignals");
+  ArgumentCheck check(impl, "waitSignals");
+  if (!waits && count > 0) check.reject(format("argument 'waits' is null but count is %zu", count));
+  for (size_t i = 0; i < count; ++i) {
+    const SignalWait& wait = waits[i];
+    if (wait.peer < 0 || wait.peer >= impl.nranks)
+      check.reject(format("waits[%zu].peer is %d, not a rank of this %d-rank communicator", i,
+                          wait.peer, impl.nranks));
+    if (wait.signal < 0 || wait.signal >= kSignals)
+      check.reject(format("waits[%zu].signal is %d, not in [0, %d)", i, wait.signal, kSignals));
+    for (size_t j = 0; j < i; ++j)
+      if (waits[j].peer == wait.peer && waits[j].signal == wait.signal)
+        check.reject(format("waits[%zu] and waits[%zu] both wait for signal %d of rank %d", j, i,
+                            wait.signal, wait.peer));
+  }
+  if (count == 0) return finished();
+  OneSided& oneSided = oneSidedFor(impl, "waitSignals");
+  return runOneSided(impl, -1, [&] { oneSided.wait(waits, count, deadlineAfter(impl.timeout())); });
 }
 
 }  // namespace braid
