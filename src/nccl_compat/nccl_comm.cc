@@ -41,8 +41,9 @@ ncclResult_t resultOf(ErrorCode code) {
     case ErrorCode::SystemError:
       return ncclSystemError;
     case ErrorCode::RemoteError:
-    case ErrorCode::Timeout:
       return ncclRemoteError;
+    case ErrorCode::Timeout:
+      return ncclTimeout;
     case ErrorCode::Internal:
       return ncclInternalError;
   }
@@ -125,8 +126,41 @@ void readConfig(const ncclConfig_t* config, ncclComm* comm, const char* fn) {
                   format("%s: config->blocking is %d, must be 0 or 1", fn, config->blocking));
     comm->blocking = config->blocking == 1;
   }
-  if (config->size >= offsetof(ncclConfig_t, collnetEnable) && config->commName)
-    comm->name = config->commName;
+  // A config of an earlier version holds the fields its size covers.
+  auto holds = [config](size_t offset) { return config->size >= offset + sizeof(int); };
+  if (holds(offsetof(ncclConfig_t, commName)) && config->commName) comm->name = config->commName;
+  auto count = [&](size_t offset, int value, const char* name, int low, int& into) {
+    if (!holds(offset) || value == NCCL_CONFIG_UNDEF_INT) return;
+    if (value < low || value > ncclComm::kMaxRmaSignals)
+      throw Error(ErrorCode::InvalidArgument,
+                  format("%s: config->%s is %d, must be in [%d, %d]", fn, name, value, low,
+                         ncclComm::kMaxRmaSignals));
+    into = value;
+  };
+  count(offsetof(ncclConfig_t, numRmaCtx), config->numRmaCtx, "numRmaCtx", 0, comm->rmaContexts);
+  count(offsetof(ncclConfig_t, numRmaSig), config->numRmaSig, "numRmaSig", 1, comm->rmaSignals);
+  if (comm->rmaContexts * comm->rmaSignals > ncclComm::kMaxRmaSignals)
+    throw Error(ErrorCode::InvalidArgument,
+                format("%s: config->numRmaCtx times config->numRmaSig is %d, above %d", fn,
+                       comm->rmaContexts * comm->rmaSignals, ncclComm::kMaxRmaSignals));
+  // NVIDIA's kernel, graph and NVLink settings, for whoever reads the log.
+  const struct {
+    size_t offset;
+    const char* name;
+  } unused[] = {{offsetof(ncclConfig_t, graphUsageMode), "graphUsageMode"},
+                {offsetof(ncclConfig_t, maxP2pPeers), "maxP2pPeers"},
+                {offsetof(ncclConfig_t, graphStreamOrdering), "graphStreamOrdering"},
+                {offsetof(ncclConfig_t, launchOrderImplicit), "launchOrderImplicit"},
+                {offsetof(ncclConfig_t, rmaEagerInit), "rmaEagerInit"},
+                {offsetof(ncclConfig_t, hostCftMode), "hostCftMode"},
+                {offsetof(ncclConfig_t, nvlsHostMode), "nvlsHostMode"}};
+  for (const auto& field : unused) {
+    int value;
+    if (!holds(field.offset)) continue;
+    std::memcpy(&value, reinterpret_cast<const char*>(config) + field.offset, sizeof value);
+    if (value != NCCL_CONFIG_UNDEF_INT)
+      BRAID_INFO(Init, "%s: config->%s = %d is not used by braid", fn, field.name, value);
+  }
 }
 
 braid::UniqueId idOf(const ncclUniqueId& id) {
@@ -162,6 +196,8 @@ ncclResult_t childOf(ncclComm* parent, ncclConfig_t* config, const char* fn, ncc
   auto child = std::make_unique<ncclComm>();
   child->device = parent->device;
   child->blocking = parent->blocking;
+  child->rmaContexts = parent->rmaContexts;
+  child->rmaSignals = parent->rmaSignals;
   readConfig(config, child.get(), fn);
   Communicator* from = &parent->comm;
   ncclComm* handle = child.release();
@@ -449,6 +485,8 @@ NCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncc
     auto child = std::make_unique<ncclComm>();
     child->device = comm->device;
     child->blocking = comm->blocking;
+    child->rmaContexts = comm->rmaContexts;
+    child->rmaSignals = comm->rmaSignals;
     readConfig(config, child.get(), fn);
     Communicator* parent = &comm->comm;
     // braid's split is collective: every rank takes part, also one without
@@ -572,6 +610,8 @@ NCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
       return "remote process exited, failed or stopped answering";
     case ncclInProgress:
       return "NCCL operation in progress";
+    case ncclTimeout:
+      return "timeout: a wait passed the communicator's timeout";
     case ncclNumResults:
       break;
   }
@@ -686,10 +726,11 @@ NCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, si
   return guarded(fn, [&] {
     if (!comm) return badArgument(fn, "argument 'comm' is NULL");
     if (ncclResult_t bad = need(win, fn, "win")) return bad;
-    if (winFlags != NCCL_WIN_DEFAULT && winFlags != NCCL_WIN_COLL_SYMMETRIC)
-      return badArgument(fn, format("argument 'winFlags' is %d, not NCCL_WIN_DEFAULT or "
-                                    "NCCL_WIN_COLL_SYMMETRIC",
-                                    winFlags));
+    constexpr int kKnownFlags = NCCL_WIN_COLL_SYMMETRIC | NCCL_WIN_STRICT_ORDERING |
+                                NCCL_WIN_GIN_ONLY | NCCL_WIN_CFT_COUNTED;
+    if ((winFlags & ~kKnownFlags) != 0)
+      return badArgument(fn, format("argument 'winFlags' is 0x%x: bits 0x%x are no NCCL_WIN_ flag",
+                                    winFlags, winFlags & ~kKnownFlags));
     auto handle = std::make_unique<ncclWindow_vidmem>();
     handle->comm = comm;
     handle->user = buff;

@@ -94,6 +94,11 @@ struct ncclComm {
   bool blocking = true;
   std::string name;
   std::atomic<bool> revoked{false};  // ncclCommRevoke was called
+  // One-sided calls: contexts (config numRmaCtx) and signal indices per
+  // context (numRmaSig); context c's index s is braid's signal c * rmaSignals + s.
+  int rmaContexts = 1;
+  int rmaSignals = 1;
+  static constexpr int kMaxRmaSignals = braid::kSignals;
 
   // A nonblocking init runs on `initThread`; `ready` says it has finished,
   // `initResult` how.

@@ -2,13 +2,13 @@
  *
  * A program written against NCCL compiles against this header unchanged and
  * runs against braid's libnccl.so.2 (build/lib). The types, values and
- * struct layouts are those of NCCL 2.28, so a binary built against NCCL's
- * own header runs on braid too. Buffers may be host memory: braid then runs
- * the operation on the CPU, and the stream argument is not used.
+ * struct layouts are those of NCCL 2.32, so a binary built against NCCL's
+ * own header runs on braid too; configs of earlier versions are read as far
+ * as their size goes. Buffers may be host memory: braid then runs the
+ * operation on the CPU, and the stream argument is not used.
  *
- * What braid does not do yet returns ncclInvalidUsage, with the reason in
- * ncclGetLastError(): symmetric windows, communicator revoke and shrink, and
- * device pointers (until the CUDA transport lands). */
+ * What braid cannot do returns ncclInvalidUsage, with the reason in
+ * ncclGetLastError(). */
 #ifndef NCCL_H_
 #define NCCL_H_
 
@@ -29,10 +29,10 @@ typedef struct CUevent_st* cudaEvent_t;
 #include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 32
+#define NCCL_PATCH 6
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23206
 /* Version numbers up to 2.8 had two digits for the minor number. */
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
@@ -64,7 +64,8 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6, /* a peer failed, closed or stopped answering */
   ncclInProgress = 7,  /* a nonblocking communicator is still working */
-  ncclNumResults = 8
+  ncclTimeout = 8,     /* a wait passed the communicator's timeout */
+  ncclNumResults = 9
 } ncclResult_t;
 
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
@@ -74,6 +75,10 @@ typedef enum {
 
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+/* Accepted; braid's windows keep issue order and serve every use anyway. */
+#define NCCL_WIN_STRICT_ORDERING 0x02
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -85,12 +90,31 @@ typedef enum {
 
 #define NCCL_REVOKE_DEFAULT 0x00
 
+/* Values of ncclConfig_t's hostCftMode and nvlsHostMode (NVLink SHARP and
+ * fabric settings of NVIDIA's kernels: accepted, not used). */
+typedef enum {
+  ncclHostCftDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclHostCftEnable = 1,
+  ncclHostCftDisable = 2,
+  ncclHostCftFallback = 3
+} ncclHostCftMode_t;
+
+typedef enum {
+  ncclNvlsHostModeDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclNvlsHostModeEnable = 0,
+  ncclNvlsHostModeDisableTransport = 1 << 0,
+  ncclNvlsHostModeDisableSymmetricMultimem = 1 << 1,
+  ncclNvlsHostModeDisable = INT_MAX
+} ncclNvlsHostMode_t;
+
 /* Options for a new communicator; start from NCCL_CONFIG_INITIALIZER. braid
  * reads `blocking` (0: calls return ncclInProgress and finish in the
- * background) and `commName` (shown in braid's logs); the GPU kernel
- * settings (CTAs, cluster size, NVLS, ...) have no meaning for host memory
- * and are accepted as given. */
-typedef struct ncclConfig_v22800 {
+ * background), `commName` (shown in braid's logs), and `numRmaCtx` and
+ * `numRmaSig` (how many contexts and signal indices ncclPutSignal may use,
+ * 1 each by default; 0 contexts turns one-sided calls off). The GPU kernel,
+ * graph and NVLS settings (CTAs, cluster size, graphUsageMode, ...) are
+ * accepted and, under NCCL_DEBUG=INFO, named as not used. */
+typedef struct ncclConfig_v23100 {
   size_t size; /* these three are set by the initializer */
   unsigned int magic;
   unsigned int version;
@@ -108,20 +132,32 @@ typedef struct ncclConfig_v22800 {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  int graphUsageMode;
+  int numRmaCtx;
+  int maxP2pPeers;
+  int graphStreamOrdering;
+  int launchOrderImplicit;
+  int numRmaSig;
+  int rmaEagerInit;
+  int hostCftMode;
+  int nvlsHostMode;
 } ncclConfig_t;
 
-#define NCCL_CONFIG_INITIALIZER                                                         \
-  {                                                                                     \
-    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,            \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,            \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,            \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                    \
-  }
-
-/* Checked in the versioned structs (ncclCollConfig_t). */
+/* Checked in the versioned structs. */
 #define NCCL_API_MAGIC 0xcafebeef
+
+#define NCCL_CONFIG_INITIALIZER                                                       \
+  {                                                                                   \
+    sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT,   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+        NCCL_CONFIG_UNDEF_INT                                                         \
+  }
 
 /* A vendor's option for one call, in a list hung from ncclCollConfig_t's
  * `ext`. braid has none of its own and reads none. */
@@ -293,15 +329,42 @@ BRAID_NCCL_API(ncclResult_t, CommUserRank, (const ncclComm_t comm, int* rank));
 BRAID_NCCL_API(ncclResult_t, CommRegister,
                (const ncclComm_t comm, void* buff, size_t size, void** handle));
 BRAID_NCCL_API(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
-/* Symmetric windows (collective): device memory every rank of the host
- * maps; collectives whose buffers lie in windows at the same offsets on
- * every rank move their data by direct loads and stores. Inside a group,
- * registered at ncclGroupEnd. */
+/* Windows (collective; inside a group, registered at ncclGroupEnd). Device
+ * memory: every rank of the host maps it, and collectives whose buffers
+ * lie in windows at the same offsets on every rank move their data by
+ * direct loads and stores. Host memory: the target of one-sided puts
+ * (ncclPutSignal), from every rank of the communicator. */
 BRAID_NCCL_API(ncclResult_t, CommWindowRegister,
                (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 BRAID_NCCL_API(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
 /* The buffer `win` was registered with (NCCL 2.29). */
 BRAID_NCCL_API(ncclResult_t, WinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
+
+/* One-sided calls (NCCL 2.29), on host windows. ncclPutSignal writes count
+ * elements from localbuff into rank peer's part of window peerWin,
+ * peerWinOffset bytes in, then raises signal (ctx, sigIdx) there;
+ * ncclSignal raises one with no data; ncclWaitSignal waits until each
+ * descriptor's peer raised its signal opCnt more times, and consumes them.
+ * Per pair of ranks, puts and signals land in issue order. They run in the
+ * calling thread, after the communicator's earlier calls, outside groups.
+ * ctx is below config numRmaCtx and sigIdx below numRmaSig (1 each by
+ * default); flags must be 0. */
+BRAID_NCCL_API(ncclResult_t, PutSignal,
+               (const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                unsigned int flags, ncclComm_t comm, cudaStream_t stream));
+BRAID_NCCL_API(ncclResult_t, Signal,
+               (int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                cudaStream_t stream));
+typedef struct {
+  int opCnt;  /* how many signals to wait for */
+  int peer;   /* from which rank */
+  int sigIdx; /* which signal index */
+  int ctx;    /* of which context */
+} ncclWaitSignalDesc_t;
+BRAID_NCCL_API(ncclResult_t, WaitSignal,
+               (int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                cudaStream_t stream));
 
 /* A sum whose inputs are first multiplied by *scalar (of `datatype`), for
  * collectives of that datatype on `comm`. */
