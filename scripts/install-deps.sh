@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what braid needs to build and test: Debian 12's packages, then
-# torch from pip (pinned) for the python3 on PATH. Does nothing when all is
-# present already.
+# torch from pip (pinned) for the python3 on PATH, and NVIDIA's nccl.h from
+# its wheel. Does nothing when all is present already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch_version=2.15.0
@@ -43,4 +43,24 @@ fi
 if ! "$python" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchft') != '$torchft_version')" 2>/dev/null; then
   echo "install-deps: installing torchft==$torchft_version for $python"
   "$python" -m pip install --quiet --disable-pip-version-check "torchft==$torchft_version"
+fi
+# NVIDIA's own nccl.h of the NCCL version braid's header follows, from its
+# pip wheel (the header only, kept in .deps/): the ABI tests compare
+# braid's header and library against it (tests/nccl).
+nccl_version=2.32.6
+nccl_header=.deps/nvidia-nccl-$nccl_version/nccl.h
+if [ ! -f "$nccl_header" ]; then
+  echo "install-deps: fetching nccl.h from nvidia-nccl-cu13==$nccl_version"
+  wheels=$(mktemp -d)
+  "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    "nvidia-nccl-cu13==$nccl_version" -d "$wheels"
+  "$python" - "$wheels"/nvidia_nccl_cu13-*.whl "$nccl_header" <<'PY'
+import os, sys, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.dirname(out), exist_ok=True)
+with zipfile.ZipFile(wheel) as z, open(out + ".part", "wb") as f:
+    f.write(z.read("nvidia/nccl/include/nccl.h"))
+os.replace(out + ".part", out)
+PY
+  rm -rf "$wheels"
 fi

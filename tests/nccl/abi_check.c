@@ -18,6 +18,7 @@ int main(void) {
   SHOW(NCCL_VERSION_CODE);
   SHOW(NCCL_VERSION(2, 8, 4));
   SHOW(NCCL_VERSION(2, 28, 9));
+  SHOW(NCCL_VERSION(2, 32, 6));
   SHOW(NCCL_UNIQUE_ID_BYTES);
   SHOW(sizeof(ncclUniqueId));
   SHOW(sizeof(ncclComm_t));
@@ -32,6 +33,7 @@ int main(void) {
   SHOW(ncclInvalidUsage);
   SHOW(ncclRemoteError);
   SHOW(ncclInProgress);
+  SHOW(ncclTimeout);
   SHOW(ncclNumResults);
   SHOW(ncclInt8);
   SHOW(ncclChar);
@@ -84,11 +86,22 @@ int main(void) {
   FIELD(nvlsCTAs);
   FIELD(nChannelsPerNetPeer);
   FIELD(nvlinkCentricSched);
+  FIELD(graphUsageMode);
+  FIELD(numRmaCtx);
+  FIELD(maxP2pPeers);
+  FIELD(graphStreamOrdering);
+  FIELD(launchOrderImplicit);
+  FIELD(numRmaSig);
+  FIELD(rmaEagerInit);
+  FIELD(hostCftMode);
+  FIELD(nvlsHostMode);
   SHOW(config.size);
   SHOW(config.magic);
   SHOW(config.version);
   SHOW(config.blocking);
   SHOW(config.nvlinkCentricSched);
+  SHOW(config.nvlsHostMode);
+  SHOW(sizeof(ncclWaitSignalDesc_t));
   SHOW(config.netName == NULL);
   SHOW(sizeof(ncclSimInfo_t));
   SHOW(sim.magic);
