@@ -203,6 +203,7 @@ class Runner {
   size_t sendBytes_ = 0, recvBytes_ = 0;                   // their sizes
   std::unique_ptr<DeviceBuffer> deviceSend_, deviceRecv_;  // -G 1
   std::vector<Window> windows_;                            // -R 2: theirs
+  Window putWindow_;                                       // putsignal: the receive buffer
 };
 
 Runner::~Runner() {
@@ -287,6 +288,15 @@ Work Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p)
       // receive after it.)
       finished(sent);
       return finished(received);
+    }
+    case Collective::PutSignal: {
+      // A ring shift by one-sided puts: into the next rank's window, at
+      // the receive buffer's place, then the previous rank's signal.
+      const size_t offset =
+          static_cast<size_t>(static_cast<unsigned char*>(p.recv) - recv_->data());
+      comm_.put(p.send, count, type, (rank_ + 1) % nranks_, putWindow_, offset, 0);
+      const SignalWait previous{(rank_ - 1 + nranks_) % nranks_, 0, 1};
+      return comm_.waitSignals(&previous, 1);
     }
   }
   return Work();
@@ -380,13 +390,18 @@ Measurement Runner::measure(DataType type, ReduceOp op, size_t count, bool inPla
   const int calls = options_.iters * (graphs ? options_.graphLaunches : 1);
 
   Measurement m;
-  m.algorithm = device_ ? detail::lastDeviceAlgorithm(comm_) : detail::lastAlgorithm(comm_);
+  m.algorithm = collective_ == Collective::PutSignal ? "put"
+                : device_                            ? detail::lastDeviceAlgorithm(comm_)
+                                                     : detail::lastAlgorithm(comm_);
   m.timeUs = aggregateTime(elapsed.count() / calls);
   double bytes = static_cast<double>(reportedBytes(collective_, count, type, nranks_));
   m.algbw = m.timeUs > 0 ? bytes / (m.timeUs * 1e3) : 0;
   m.busbw = m.algbw * busBandwidthFactor(collective_, nranks_);
   if (options_.check) {
     prepare(check, used);
+    // A put lands without its target taking part: none may land before
+    // the target has written its poison.
+    if (collective_ == Collective::PutSignal) comm_.barrier().wait();
     if (graphs)
       graphs->launchOnce();
     else
@@ -524,6 +539,9 @@ Result Runner::run() {
     }
   }
 
+  if (c == Collective::PutSignal)  // (the same size on every rank)
+    putWindow_ = comm_.registerWindow(recv_->data(), std::max<size_t>(recvBytes, 1));
+
   if (rank_ == 0) printHeader(sizes);
   std::vector<ReduceOp> ops = reduces(c) ? options_.ops : std::vector<ReduceOp>{ReduceOp::Sum};
   std::vector<Row> rows;
@@ -547,6 +565,8 @@ Result Runner::run() {
       }
     }
   }
+
+  if (putWindow_.id) comm_.deregisterWindow(putWindow_);
 
   Result result;
   result.wrong = wrong;

@@ -293,6 +293,7 @@ void prepareCheck(const CheckCase& c) {
       if (!c.inPlace) poison(c.recv, c.count);
       break;
     case Collective::SendRecv:
+    case Collective::PutSignal:
       if (c.inPlace) {
         // The same buffer is sent and received into at once: only data that
         // every rank holds alike makes that well defined (as in nccl-tests).
@@ -330,7 +331,8 @@ uint64_t countWrong(const CheckCase& c) {
     case Collective::ReduceScatter:
       check(count, [&](size_t i) { return pattern.reduced(c.rank * count + i); });
       break;
-    case Collective::SendRecv: {
+    case Collective::SendRecv:
+    case Collective::PutSignal: {
       int from = c.inPlace ? 0 : (c.rank - 1 + c.nranks) % c.nranks;
       check(count, [&](size_t i) { return pattern.input(from, i); });
       break;

@@ -14,7 +14,8 @@ using bench::intValue;
 constexpr const char* kUsage =
     "usage: braid-perf <collective> [options]   (run it under braid-run -n N)\n"
     "       braid-perf -a [options]             every collective in one run\n"
-    "  collective: allreduce, allgather, reducescatter, broadcast, reduce, sendrecv\n"
+    "  collective: allreduce, allgather, reducescatter, broadcast, reduce, sendrecv,\n"
+    "              putsignal (one-sided, host buffers; not part of -a)\n"
     "  -b, --minbytes SIZE      smallest size, e.g. 8, 64K, 1M (default 32M)\n"
     "  -e, --maxbytes SIZE      largest size (default 32M)\n"
     "  -f, --stepfactor N       multiply the size by N each step (default 2)\n"
@@ -93,6 +94,7 @@ const std::pair<const char*, Collective> kCollectiveNames[] = {
     {"broadcast", Collective::Broadcast},
     {"reduce", Collective::Reduce},
     {"sendrecv", Collective::SendRecv},
+    {"putsignal", Collective::PutSignal},
 };
 
 std::vector<DataType> typesValue(const std::string& option, const std::string& text) {
@@ -125,8 +127,9 @@ Collective collectiveValue(const std::string& text) {
     if (c != '_' && c != '-') name += c;  // all_reduce, reduce-scatter
   for (const auto& [known, collective] : kCollectiveNames)
     if (name == known) return collective;
-  throw UsageError("unknown collective '" + text +
-                   "' (allreduce, allgather, reducescatter, broadcast, reduce, sendrecv)");
+  throw UsageError(
+      "unknown collective '" + text +
+      "' (allreduce, allgather, reducescatter, broadcast, reduce, sendrecv, putsignal)");
 }
 
 }  // namespace
@@ -181,6 +184,7 @@ std::vector<Collective> allCollectives() {
   std::vector<Collective> all;
   for (const auto& [name, collective] : kCollectiveNames) {
     (void)name;
+    if (collective == Collective::PutSignal) continue;  // one-sided: named on its own
     if (std::find(all.begin(), all.end(), collective) == all.end()) all.push_back(collective);
   }
   return all;
@@ -296,7 +300,7 @@ bool parseOptions(int argc, char** argv, Options* options) {
   if (!haveCollective && !haveAll)
     throw UsageError(
         "missing the collective (allreduce, allgather, reducescatter, broadcast, reduce, "
-        "sendrecv)");
+        "sendrecv, putsignal)");
   if (options->minBytes > options->maxBytes)
     throw UsageError("-b (" + std::to_string(options->minBytes) + ") is larger than -e (" +
                      std::to_string(options->maxBytes) + ")");
@@ -310,6 +314,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
       std::find(options->collectives.begin(), options->collectives.end(), Collective::SendRecv) !=
           options->collectives.end())
     throw UsageError("-C: sendrecv's grouped send and receive cannot be captured into a graph yet");
+  if (options->onDevice && std::find(options->collectives.begin(), options->collectives.end(),
+                                     Collective::PutSignal) != options->collectives.end())
+    throw UsageError("putsignal puts into host windows: it runs on host buffers (-G 0)");
   if (haveFactor && options->stepBytes > 0)
     throw UsageError("-f and -i exclude each other: step by a factor or by bytes");
   return true;

@@ -13,7 +13,17 @@
 
 namespace braid::perf {
 
-enum class Collective { AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, SendRecv };
+// PutSignal: each rank puts into the next rank's host window with a signal
+// and waits for the previous rank's (one-sided; not part of -a).
+enum class Collective {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  Broadcast,
+  Reduce,
+  SendRecv,
+  PutSignal
+};
 
 const char* collectiveName(Collective collective);
 // Takes a ReduceOp (allreduce, reducescatter, reduce).
