@@ -331,6 +331,27 @@ TEST(SendRecv, RecvFromAnyTimesOutWhenNobodySendsAndFailsWhenEveryPeerLeft) {
 // setTimeout() on one rank: its later ops wait that long (and say so), a
 // communicator split from it inherits it, the other rank keeps its own,
 // and a timeout that is not positive is refused naming the argument.
+// A communicator of host buffers holds no device memory; suspending it
+// refuses ops until resume, and resuming one not suspended is refused on
+// every rank.
+TEST(Suspend, HostCommunicatorsCountNoDeviceMemoryAndRefuseOpsWhileSuspended) {
+  runRanks(3, [](Communicator& comm) {
+    float x = 1;
+    comm.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+    const Communicator::MemoryStats stats = comm.memoryStats();
+    require(stats.total() == 0 && !stats.suspended, "device memory counted without a device");
+    comm.suspend();
+    require(comm.memoryStats().suspended, "not suspended after suspend()");
+    requireError([&] { comm.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum); },
+                 ErrorCode::InvalidUsage, "allReduce: the communicator is suspended");
+    requireError([&] { comm.suspend(); }, ErrorCode::InvalidUsage, "suspended");
+    comm.resume();
+    requireError([&] { comm.resume(); }, ErrorCode::InvalidArgument, "not suspended");
+    comm.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+    require(x == 9, "wrong all-reduce after resuming");
+  });
+}
+
 TEST(Timeouts, SetTimeoutAppliesToLaterOpsAndToSplitsOfThisRankOnly) {
   RunOptions options;
   options.config.timeout = std::chrono::seconds(60);

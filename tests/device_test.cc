@@ -104,6 +104,48 @@ TEST_P(DeviceTest, EveryCollectiveMatchesTheReferenceAt1And2And5Ranks) {
   for (int nranks : {1, 2, 5}) sweep(nranks, kAllColls, kCommonTypes, kCommonOps, kCounts);
 }
 
+// Suspending frees the ops' device scratch and refuses ops until resume,
+// which makes it again; the FIFOs stay; collectives before and after match
+// the reference.
+TEST_P(DeviceTest, SuspendFreesTheScratchAndResumeMakesItAgain) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        TestStream stream(deviceOf(comm));
+        const Case large{
+            Coll::AllReduce, DataType::Float32, ReduceOp::Sum, (size_t{1} << 20) + 3, false, 0};
+        require(runCase(comm, stream, large, 1).empty(), "the all-reduce before suspending");
+        const Communicator::MemoryStats before = comm.memoryStats();
+        require(before.suspendable > 0 && before.persistent > 0 && !before.suspended,
+                format("before: %llu suspendable, %llu persistent bytes",
+                       static_cast<unsigned long long>(before.suspendable),
+                       static_cast<unsigned long long>(before.persistent)));
+        comm.suspend();
+        const Communicator::MemoryStats suspended = comm.memoryStats();
+        require(suspended.suspended && suspended.suspendable == 0 &&
+                    suspended.persistent == before.persistent,
+                format("suspended: %llu suspendable, %llu persistent bytes",
+                       static_cast<unsigned long long>(suspended.suspendable),
+                       static_cast<unsigned long long>(suspended.persistent)));
+        try {
+          runCase(comm, stream, large, 2);
+          require(false, "an all-reduce ran on a suspended communicator");
+        } catch (const Error& error) {
+          require(error.code() == ErrorCode::InvalidUsage &&
+                      std::string(error.what()).find("suspended") != std::string::npos,
+                  std::string("refused with: ") + error.what());
+        }
+        comm.resume();
+        const Communicator::MemoryStats resumed = comm.memoryStats();
+        require(!resumed.suspended && resumed.suspendable == before.suspendable,
+                format("resumed: %llu suspendable bytes, %llu before",
+                       static_cast<unsigned long long>(resumed.suspendable),
+                       static_cast<unsigned long long>(before.suspendable)));
+        require(runCase(comm, stream, large, 3).empty(), "the all-reduce after resuming");
+      },
+      options());
+}
+
 TEST_P(DeviceTest, LargeBuffersMatchTheReferenceAt2And3Ranks) {
   for (int nranks : {2, 3})
     sweep(nranks, kAllColls, {DataType::Float32, DataType::BFloat16}, {ReduceOp::Sum},

@@ -105,6 +105,8 @@ class DeviceTransport {
   // The device broke and its streams may still use the FIFO memory: the
   // transport leaves it mapped when destroyed (leaked) rather than freed.
   virtual void keepMemory() = 0;
+  // Device memory this transport allocated (its FIFOs), in bytes.
+  virtual size_t deviceBytes() const { return 0; }
   // Tells every peer this rank's op is past its deadline waiting for
   // `rank` (-1: no longer), so that a rank waiting for this one can follow
   // the chain of waits to the rank that stopped answering.

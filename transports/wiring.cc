@@ -153,6 +153,11 @@ class CombinedDeviceTransport final : public DeviceTransport {
   void keepMemory() override {
     for (auto& part : parts_) part->keepMemory();
   }
+  size_t deviceBytes() const override {
+    size_t bytes = 0;
+    for (auto& part : parts_) bytes += part->deviceBytes();
+    return bytes;
+  }
   void announceWaitingFor(int rank) override {
     for (auto& part : parts_) part->announceWaitingFor(rank);
   }

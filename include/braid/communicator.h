@@ -224,6 +224,28 @@ class Communicator {
   void setTimeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const;
 
+  // Device memory this communicator holds (NCCL's ncclCommMemStats), in
+  // bytes: what suspend() frees (its ops' scratch, made as ops need it),
+  // and what it keeps (its FIFOs in device memory, the graph FIFOs'
+  // counters and captured ops' scratch). All 0 without device buffers.
+  struct MemoryStats {
+    uint64_t suspendable = 0;
+    uint64_t persistent = 0;
+    bool suspended = false;
+    uint64_t total() const { return suspendable + persistent; }
+  };
+  MemoryStats memoryStats() const;
+  // Collective (NCCL's ncclCommSuspend with NCCL_SUSPEND_MEM): once every
+  // op issued before has finished on every rank, frees the device memory
+  // that memoryStats() counts as suspendable. Until resume(), every op and
+  // collective call is InvalidUsage; abort(), revoke(), setTimeout(),
+  // memoryStats() and destruction still work. Throws InvalidUsage when it
+  // is suspended already (on every rank).
+  void suspend();
+  // Collective (ncclCommResume): makes again what suspend() freed, and the
+  // communicator usable. Throws InvalidUsage when it is not suspended.
+  void resume();
+
   int rank() const;
   int size() const;
   // The device whose memory this communicator's device buffers live in

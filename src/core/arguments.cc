@@ -12,6 +12,9 @@ Communicator::Impl& usable(Communicator::Impl* impl, const char* op) {
                        "negative color)",
                        op));
   impl->throwIfFailed();
+  if (impl->suspended.load(std::memory_order_relaxed))
+    fail(ErrorCode::InvalidUsage, impl->rank,
+         format("%s: the communicator is suspended (suspend()): resume() it first", op));
   return *impl;
 }
 

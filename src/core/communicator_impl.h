@@ -227,6 +227,10 @@ struct Communicator::Impl {
   }
 
   std::atomic<bool> aborted{false};
+  // suspend(): every op is refused until resume() makes `suspendedScratch`
+  // bytes of device scratch again.
+  std::atomic<bool> suspended{false};
+  size_t suspendedScratch = 0;
   std::atomic<bool> revoked{false};  // by this rank: aborted says so too
   // A thread runs ops in the executor (execute(), awaitSender()): revoke()
   // from another thread leaves telling the peers to it.

@@ -55,9 +55,10 @@ bool DeviceExecutor::hasGraphFifos() {
 void DeviceExecutor::setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs) {
   // Its counters, zeroed: sent, then received, a word per peer, then the
   // abort word.
-  auto* counters = static_cast<uint32_t*>(
-      device_.allocate(deviceIndex_, (2 * static_cast<size_t>(nranks_) + 1) * sizeof(uint32_t)));
+  const size_t countersBytes = (2 * static_cast<size_t>(nranks_) + 1) * sizeof(uint32_t);
+  auto* counters = static_cast<uint32_t*>(device_.allocate(deviceIndex_, countersBytes));
   std::lock_guard<std::mutex> lock(mutex_);
+  graphMemoryBytes_ += countersBytes;
   graphTransport_ = std::move(graphs);
   graphs_ = {graphTransport_.get(),
              graphTransport_->slotBytes(),
@@ -113,6 +114,41 @@ void DeviceExecutor::waitIdle() {
   changed_.wait(lock, [&] { return ops_.empty(); });
 }
 
+DeviceExecutor::Memory DeviceExecutor::memory() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Memory memory;
+  memory.releasable = scratchBytes_ + retiredBytes_;
+  memory.persistent = graphMemoryBytes_ + transport_->deviceBytes() +
+                      (graphTransport_ ? graphTransport_->deviceBytes() : 0);
+  return memory;
+}
+
+size_t DeviceExecutor::releaseScratch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return ops_.empty(); });
+  if (abandoned_) return 0;  // a broken device: its streams may still use it
+  const size_t released = scratchBytes_;
+  for (std::byte* old : retiredScratch_) device_.free(old);
+  retiredScratch_.clear();
+  retiredBytes_ = 0;
+  if (scratch_) device_.free(scratch_);
+  scratch_ = nullptr;
+  scratchBytes_ = 0;
+  return released;
+}
+
+void DeviceExecutor::restoreScratch(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (bytes <= scratchBytes_) return;
+  std::byte* made = static_cast<std::byte*>(device_.allocate(deviceIndex_, bytes));
+  if (scratch_) {
+    retiredScratch_.push_back(scratch_);
+    retiredBytes_ += scratchBytes_;
+  }
+  scratch_ = made;
+  scratchBytes_ = bytes;
+}
+
 bool DeviceExecutor::reaches(int peer) const {
   return peer >= 0 && peer < nranks_ && transport_->connection(peer) != nullptr;
 }
@@ -131,7 +167,10 @@ void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count) {
     // Ops in flight may still use the old area: it is freed once none is
     // left (by the watchdog), never waited for here.
     std::byte* bigger = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
-    if (scratch_) retiredScratch_.push_back(scratch_);
+    if (scratch_) {
+      retiredScratch_.push_back(scratch_);
+      retiredBytes_ += scratchBytes_;
+    }
     scratch_ = bigger;
     scratchBytes_ = need;
   }
@@ -246,6 +285,7 @@ void DeviceExecutor::enqueueCaptured(DeviceLane* lanes, size_t count, device::St
   if (need > graphScratchBytes_) {
     graphMemory_.push_back(static_cast<std::byte*>(device_.allocate(deviceIndex_, need)));
     graphScratchBytes_ = need;
+    graphMemoryBytes_ += need;
   }
   for (size_t i = 0, at = 0; i < count; at += scratchOf(lanes[i], kScratchAlignment), ++i)
     lanes[i].scratch = graphMemory_.back() + at;

@@ -129,6 +129,20 @@ class DeviceExecutor {
   bool hasGraphFifos();
   void setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs);
 
+  // Device memory it holds: scratch it can free between ops (releasable),
+  // and what it keeps: the graph FIFOs' counters, captured ops' scratch and
+  // every transport's device FIFOs (persistent).
+  struct Memory {
+    size_t releasable = 0;
+    size_t persistent = 0;
+  };
+  Memory memory();
+  // Once every op enqueued so far is done: frees the ops' scratch, and
+  // returns its size (the next op makes it again, as big as it needs).
+  size_t releaseScratch();
+  // Makes the ops' scratch `bytes` (or more) again at once.
+  void restoreScratch(size_t bytes);
+
  private:
   // What one enqueue() put on the stream: the lanes of a group, or one op's
   // lane, tracked as one from its begin to its end (info: its first lane's).
@@ -279,10 +293,12 @@ class DeviceExecutor {
   size_t releaseTurn_ = 0;                        // releaseWaits() calls, for its order
   std::vector<std::byte*> graphMemory_;           // captured ops' scratch areas, newest last
   size_t graphScratchBytes_ = 0;                  // the newest one's size
+  size_t graphMemoryBytes_ = 0;                   // all of them, and the graph counters
   bool captured_ = false;                         // an op was captured: graph replays may run
   bool graphsReleased_ = false;                   // the abort word was written
   std::byte* scratch_ = nullptr;            // device memory shared by ops (they never overlap)
   std::vector<std::byte*> retiredScratch_;  // outgrown areas ops in flight may still use
+  size_t retiredBytes_ = 0;                 // their sizes, summed
   int brokenTurns_ = 0;                     // watchdog turns in a row that a device call failed
   bool abandoned_ = false;  // ops were given up on a broken device: its memory is never freed
   size_t scratchBytes_ = 0;

@@ -334,6 +334,7 @@ bool DeviceExecutor::watchTurn(std::unique_lock<std::mutex>& lock) {
   if (ops_.empty() && !abandoned_) {
     for (std::byte* old : retiredScratch_) device_.free(old);
     retiredScratch_.clear();
+    retiredBytes_ = 0;
   }
   if (passed > 0) {
     changed_.notify_all();

@@ -99,6 +99,12 @@ class CudaIpcTransport final : public DeviceTransport {
 
   size_t slotBytes() const override { return slotBytes_; }
   int slots() const override { return slots_; }
+  size_t deviceBytes() const override {
+    size_t bytes = 0;  // each peer's block this rank made (staged ones are host memory)
+    for (const Peer& peer : peers_)
+      if (peer.local && !peer.staged) bytes += blockBytes();
+    return bytes;
+  }
   size_t blockBytes() const { return kSlotsOffset + slotBytes_ * static_cast<size_t>(slots_); }
 
   DeviceConnection* connection(int peer) override {

@@ -93,6 +93,13 @@ class IbDeviceTransport final : public ProxiedDeviceTransport {
     if (verbsDevice_) backend_->closeDevice(verbsDevice_);
   }
 
+  size_t deviceBytes() const override {
+    size_t bytes = 0;  // the FIFO slots RDMA writes into (GPUDirect); blocks are host memory
+    for (const auto& link : links_)
+      if (link->deviceSlots) bytes += slotsBytes();
+    return bytes;
+  }
+
   void setUp(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers,
              net::Deadline deadline) {
     for (int peer : peers) {
