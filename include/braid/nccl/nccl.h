@@ -146,17 +146,16 @@ typedef struct ncclConfig_v23100 {
 /* Checked in the versioned structs. */
 #define NCCL_API_MAGIC 0xcafebeef
 
-#define NCCL_CONFIG_INITIALIZER                                                       \
-  {                                                                                   \
-    sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT,   \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-        NCCL_CONFIG_UNDEF_INT                                                         \
+#define NCCL_CONFIG_INITIALIZER                                                                    \
+  {                                                                                                \
+    sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT,                \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT \
   }
 
 /* A vendor's option for one call, in a list hung from ncclCollConfig_t's
@@ -329,6 +328,26 @@ BRAID_NCCL_API(ncclResult_t, CommUserRank, (const ncclComm_t comm, int* rank));
 BRAID_NCCL_API(ncclResult_t, CommRegister,
                (const ncclComm_t comm, void* buff, size_t size, void** handle));
 BRAID_NCCL_API(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle));
+
+/* Suspending (NCCL 2.29; collective): with NCCL_SUSPEND_MEM, once every
+ * call issued before has finished, the device memory the communicator
+ * makes again as it needs (its scratch) is freed, and every call but
+ * ncclCommResume, ncclCommMemStats, ncclCommAbort and ncclCommDestroy is
+ * ncclInvalidUsage until ncclCommResume. Its FIFOs stay (they are the
+ * peers' too). ncclCommMemStats counts the communicator's device memory in
+ * bytes (0 for one of host buffers only); ncclStatGpuMemSuspended is 1
+ * while suspended. */
+#define NCCL_SUSPEND_MEM 0x01
+BRAID_NCCL_API(ncclResult_t, CommSuspend, (ncclComm_t comm, int flags));
+BRAID_NCCL_API(ncclResult_t, CommResume, (ncclComm_t comm));
+typedef enum {
+  ncclStatGpuMemSuspend = 0,   /* device memory suspending frees */
+  ncclStatGpuMemSuspended = 1, /* 1 while suspended, else 0 */
+  ncclStatGpuMemPersist = 2,   /* device memory it keeps */
+  ncclStatGpuMemTotal = 3      /* the two together */
+} ncclCommMemStat_t;
+BRAID_NCCL_API(ncclResult_t, CommMemStats,
+               (ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value));
 /* Windows (collective; inside a group, registered at ncclGroupEnd). Device
  * memory: every rank of the host maps it, and collectives whose buffers
  * lie in windows at the same offsets on every rank move their data by
@@ -351,8 +370,8 @@ BRAID_NCCL_API(ncclResult_t, WinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, 
  * default); flags must be 0. */
 BRAID_NCCL_API(ncclResult_t, PutSignal,
                (const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
-                ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
-                unsigned int flags, ncclComm_t comm, cudaStream_t stream));
+                ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                ncclComm_t comm, cudaStream_t stream));
 BRAID_NCCL_API(ncclResult_t, Signal,
                (int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
                 cudaStream_t stream));
