@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compares braid's nccl.h with NVIDIA's, mechanically, through the compiler.
 
-    compare_headers.py REFERENCE_NCCL_H BRAID_NCCL_H [--cc CC]
+    compare_headers.py REFERENCE_NCCL_H BRAID_NCCL_H [--cc CC] [--not-yet REGEX]
 
 What the reference header declares must be in braid's, the same:
   - every function, by the prototype the compiler reads (gcc -aux-info:
@@ -13,7 +13,9 @@ What the reference header declares must be in braid's, the same:
     initializer, by value (an initializer field by field).
 Both headers are read with the same stand-in CUDA headers (cudaStream_t,
 cudaEvent_t), so no CUDA toolkit is needed. Prints each difference and
-exits 1 if there is any; prints what it compared otherwise.
+exits 1 if there is any; prints what it compared otherwise. Differences
+whose subject matches --not-yet are printed as such and do not count (what
+is known not to be built yet); the option fails if it matches none.
 """
 import argparse
 import os
@@ -170,6 +172,9 @@ def main():
     parser.add_argument("reference")
     parser.add_argument("braid")
     parser.add_argument("--cc", default=os.environ.get("CC", "cc"))
+    parser.add_argument("--not-yet", default=None, metavar="REGEX",
+                        help="differences whose subject matches are listed as not built yet "
+                             "and do not fail; it must match at least one")
     args = parser.parse_args()
     problems = []
     with tempfile.TemporaryDirectory() as work:
@@ -234,13 +239,23 @@ def main():
             if mine != nvidia:
                 problems.append(f"{label}: {mine}, NCCL's is {nvidia}")
 
+        later = []
+        if args.not_yet:
+            later = [p for p in problems if re.search(args.not_yet, p.split(":")[0])]
+            problems = [p for p in problems if p not in later]
+            for line in later:
+                print(f"not yet: {line}")
+            if not later:
+                problems.append(f"--not-yet {args.not_yet!r} matches no difference: "
+                                "it is there now, drop it")
         for line in problems:
             print(line)
         if problems:
             print(f"{len(problems)} difference(s) from {args.reference}")
             return 1
         print(f"headers agree: {len(theirs)} functions, {len(enums)} enumerators, "
-              f"{len(structs)} structs, {len(theirs_macros)} macros")
+              f"{len(structs)} structs, {len(theirs_macros)} macros"
+              + (f"; {len(later)} difference(s) not built yet" if later else ""))
         return 0
 
 
