@@ -64,15 +64,16 @@ os.replace(out + ".part", out)
 PY
   rm -rf "$wheels"
 fi
-# NVIDIA's Python bindings (nccl4py), pinned, in a venv of their own under
-# .deps/ (apart from torch's, which brings NVIDIA's libnccl): the test
-# Nccl.Nccl4pyRunsOnBraidsLibrary runs them on braid's library.
-nccl4py_version=0.6.0
-nccl4py_venv=.deps/nccl4py
-if ! "$nccl4py_venv/bin/python" -c "import importlib.metadata as m, sys, numpy; sys.exit(m.version('nccl4py') != '$nccl4py_version')" 2>/dev/null; then
-  echo "install-deps: installing nccl4py==$nccl4py_version into $nccl4py_venv"
-  rm -rf "$nccl4py_venv"
-  python3 -m venv "$nccl4py_venv"
-  "$nccl4py_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "nccl4py==$nccl4py_version" "numpy==2.4.6"
+# Python clients of NCCL, pinned, in a venv of their own under .deps/
+# (apart from torch's, which brings NVIDIA's libnccl): NVIDIA's bindings
+# (nccl4py) and CuPy's NCCL module. Nccl.PythonClientsRunOnBraidsLibrary
+# runs them on braid's library.
+clients=(nccl4py==0.6.0 cupy-cuda13x==14.2.0 numpy==2.4.6)
+clients_venv=.deps/nccl-clients
+if [ "$(cat "$clients_venv/installed" 2>/dev/null)" != "${clients[*]}" ]; then
+  echo "install-deps: installing ${clients[*]} into $clients_venv"
+  rm -rf "$clients_venv"
+  python3 -m venv "$clients_venv"
+  "$clients_venv/bin/python" -m pip install --quiet --disable-pip-version-check "${clients[@]}"
+  echo "${clients[*]}" >"$clients_venv/installed"
 fi

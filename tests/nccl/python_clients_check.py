@@ -1,19 +1,22 @@
-"""NVIDIA's Python bindings (nccl4py's nccl.bindings) on braid's libnccl.so.2.
+"""Python clients of NCCL on braid's libnccl.so.2: NVIDIA's bindings
+(nccl4py's nccl.bindings) and CuPy's NCCL module (cupy.cuda.nccl).
 
-    nccl4py_check.py LIBDIR
+    python_clients_check.py LIBDIR
 
-Run with LD_LIBRARY_PATH=LIBDIR by a Python that has nccl4py and numpy.
-Checks that the library loaded is braid's, then, with three ranks of this
-process on host buffers: the version, a grouped all-reduce, the memory
-statistics, and a ring of one-sided puts with signals into host windows.
-What needs a GPU (nccl.core, which imports cuda.bindings; device buffers)
-is not run here.
+Run with LD_LIBRARY_PATH=LIBDIR by a Python that has nccl4py, CuPy and
+numpy. Checks that the library loaded is braid's, then, with three ranks of
+this process on host buffers: through nccl4py the version, a grouped
+all-reduce, the memory statistics and a ring of one-sided puts with
+signals into host windows; through CuPy the version, a unique id and a
+grouped all-reduce. What needs a GPU (nccl4py's nccl.core, which imports
+cuda.bindings; device buffers; CuPy's arrays) is not run here.
 """
 import os
 import sys
 
 import numpy as np
 import nccl.bindings.nccl as b
+from cupy.cuda import nccl as cupy_nccl
 
 RANKS = 3
 
@@ -62,6 +65,23 @@ def main():
         b.comm_destroy(comm)
     print(f"nccl4py on braid's library ({version}): all-reduce, memory statistics and "
           f"one-sided puts at {RANKS} ranks passed")
+
+    if cupy_nccl.get_version() != version:
+        sys.exit(f"cupy: get_version: {cupy_nccl.get_version()}, not {version}")
+    if len(cupy_nccl.get_unique_id()) != 128:
+        sys.exit("cupy: get_unique_id is not 128 bytes")
+    comms = cupy_nccl.NcclCommunicator.initAll(RANKS)
+    buffers = [np.full(1000, r + 1, dtype=np.float32) for r in range(RANKS)]
+    cupy_nccl.groupStart()
+    for r, comm in enumerate(comms):
+        pointer = buffers[r].ctypes.data
+        comm.allReduce(pointer, pointer, 1000, cupy_nccl.NCCL_FLOAT32, cupy_nccl.NCCL_SUM, 0)
+    cupy_nccl.groupEnd()
+    if any((buffer != 6).any() for buffer in buffers) or comms[2].rank_id() != 2:
+        sys.exit(f"cupy: all-reduce: {[float(buffer[0]) for buffer in buffers]}, not 6")
+    for comm in comms:
+        comm.destroy()
+    print(f"CuPy's NCCL module on braid's library: a grouped all-reduce at {RANKS} ranks passed")
 
 
 if __name__ == "__main__":
