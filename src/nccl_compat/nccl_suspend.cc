@@ -57,7 +57,8 @@ NCCL_EXPORT ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t st
     ncclComm& c = usable(comm, fn, false);
     if (!value) return badArgument(fn, "argument 'value' is NULL");
     const Communicator::MemoryStats stats = c.comm.memoryStats();
-    switch (static_cast<int>(stat)) {
+    const int raw = rawValue(stat);  // (any int may come from C: never load it as the enum)
+    switch (raw) {
       case ncclStatGpuMemSuspend:
         *value = stats.suspendable;
         return ncclSuccess;
@@ -71,8 +72,7 @@ NCCL_EXPORT ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t st
         *value = stats.total();
         return ncclSuccess;
     }
-    return badArgument(
-        fn, format("argument 'stat' is %d, not an ncclCommMemStat_t", static_cast<int>(stat)));
+    return badArgument(fn, format("argument 'stat' is %d, not an ncclCommMemStat_t", raw));
   });
 }
 
