@@ -57,21 +57,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// Runs `call`, which must throw braid::Error with `code` and a message that
-// contains `needle`.
-template <typename Call>
-void requireError(Call call, ErrorCode code, const std::string& needle) {
-  try {
-    call();
-  } catch (const Error& error) {
-    require(error.code() == code, std::string("wrong error code for: ") + error.what());
-    require(std::string(error.what()).find(needle) != std::string::npos,
-            "message '" + std::string(error.what()) + "' does not mention '" + needle + "'");
-    return;
-  }
-  throw RankFailure{"expected an error mentioning '" + needle + "', got none"};
-}
-
 // A 4-element all-reduce that must still work.
 void requireUsable(Communicator& comm) {
   std::vector<int32_t> in(4, comm.rank() + 1), out(4, 0);

@@ -50,18 +50,6 @@ RunOptions overFakeFabric(
   return options;
 }
 
-void requireError(const std::function<void()>& call, ErrorCode code, const std::string& needle) {
-  try {
-    call();
-  } catch (const Error& error) {
-    require(error.code() == code, std::string("wrong error code: ") + error.what());
-    require(std::string(error.what()).find(needle) != std::string::npos,
-            "the error does not say '" + needle + "': " + error.what());
-    return;
-  }
-  require(false, "no error; expected one saying '" + needle + "'");
-}
-
 // Every rank recorded when it failed (steady_clock ticks; 0: never), and
 // the last within 2 s of the first.
 template <size_t N>

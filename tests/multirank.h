@@ -25,6 +25,21 @@ struct RankFailure {
 // Fails the current rank with `message` unless `condition` holds.
 void require(bool condition, const std::string& message);
 
+// Runs `call`, which must throw braid::Error with `code` and a message that
+// contains `needle`; fails the current rank otherwise.
+template <typename Call>
+void requireError(Call call, ErrorCode code, const std::string& needle) {
+  try {
+    call();
+  } catch (const Error& error) {
+    require(error.code() == code, std::string("wrong error code for: ") + error.what());
+    require(std::string(error.what()).find(needle) != std::string::npos,
+            "message '" + std::string(error.what()) + "' does not mention '" + needle + "'");
+    return;
+  }
+  throw RankFailure{"expected an error mentioning '" + needle + "', got none"};
+}
+
 struct RunOptions {
   std::chrono::seconds deadline{120};
   Config config = loopbackConfig();

@@ -20,22 +20,10 @@ namespace braid {
 namespace {
 
 using testing::require;
+using testing::requireError;
 using testing::RunOptions;
 using testing::runRanks;
 using namespace std::chrono_literals;
-
-template <typename Call>
-void requireError(Call call, ErrorCode code, const std::string& needle) {
-  try {
-    call();
-  } catch (const Error& error) {
-    require(error.code() == code, std::string("wrong error code for: ") + error.what());
-    require(std::string(error.what()).find(needle) != std::string::npos,
-            "message '" + std::string(error.what()) + "' does not mention '" + needle + "'");
-    return;
-  }
-  throw testing::RankFailure{"expected an error mentioning '" + needle + "', got none"};
-}
 
 // The byte rank `from` writes at index i of a put of round `round`.
 uint8_t pattern(int from, int round, size_t i) {

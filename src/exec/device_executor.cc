@@ -139,13 +139,18 @@ size_t DeviceExecutor::releaseScratch() {
 
 void DeviceExecutor::restoreScratch(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (bytes <= scratchBytes_) return;
-  std::byte* made = static_cast<std::byte*>(device_.allocate(deviceIndex_, bytes));
+  if (bytes > scratchBytes_) growScratch(bytes);
+}
+
+void DeviceExecutor::growScratch(size_t bytes) {
+  // Ops in flight may still use the old area: it is freed once none is
+  // left (by the watchdog), never waited for here.
+  std::byte* bigger = static_cast<std::byte*>(device_.allocate(deviceIndex_, bytes));
   if (scratch_) {
     retiredScratch_.push_back(scratch_);
     retiredBytes_ += scratchBytes_;
   }
-  scratch_ = made;
+  scratch_ = bigger;
   scratchBytes_ = bytes;
 }
 
@@ -163,17 +168,7 @@ device::EventHandle DeviceExecutor::takeEvent() {
 void DeviceExecutor::ensureScratch(DeviceLane* lanes, size_t count) {
   size_t need = 0;
   for (size_t i = 0; i < count; ++i) need += scratchOf(lanes[i], kScratchAlignment);
-  if (need > scratchBytes_) {
-    // Ops in flight may still use the old area: it is freed once none is
-    // left (by the watchdog), never waited for here.
-    std::byte* bigger = static_cast<std::byte*>(device_.allocate(deviceIndex_, need));
-    if (scratch_) {
-      retiredScratch_.push_back(scratch_);
-      retiredBytes_ += scratchBytes_;
-    }
-    scratch_ = bigger;
-    scratchBytes_ = need;
-  }
+  if (need > scratchBytes_) growScratch(need);
   size_t at = 0;
   for (size_t i = 0; i < count; ++i) {
     lanes[i].scratch = scratch_ + at;

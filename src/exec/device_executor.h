@@ -182,6 +182,9 @@ class DeviceExecutor {
     std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
   };
 
+  // Makes the ops' scratch `bytes`, retiring the old area (mutex_ held).
+  void growScratch(size_t bytes);
+
   // ---- Lowering (device_executor.cc): the issuing thread, mutex_ held.
   void lower(DeviceLane* lanes, size_t count, device::StreamHandle stream, Op* op);
   // Lowers `lanes` (one collective, or a group's sends and receives) in
