@@ -363,6 +363,52 @@ TEST_P(DeviceNccl, SymmetricWindowsRegisteredInAGroupCarryDirectAllReduces) {
       options());
 }
 
+// One-sided calls into ncclMemAlloc windows, ordered on the stream: each
+// rank puts a block into the next rank's window with a signal, raises the
+// signal once more with no data, and waits on its stream for both raises
+// from the previous rank; the block is there once the stream passed the
+// wait.
+TEST_P(DeviceNccl, PutSignalAndWaitSignalOnDeviceWindowsAt3Ranks) {
+  constexpr int kRanks = 3;
+  runProcesses(
+      kRanks,
+      [](int rank, const UniqueId& id, const Config&) {
+        ncclComm_t comm = initRank(kRanks, rank, id);
+        int device = -1;
+        check(ncclCommCuDevice(comm, &device), "ncclCommCuDevice");
+        TestStream stream(device);
+        auto cudaStream = static_cast<cudaStream_t>(stream.handle());
+        const size_t count = 65537;
+        void* window = nullptr;
+        check(ncclMemAlloc(&window, count * sizeof(float)), "ncclMemAlloc");
+        ncclWindow_t handle = nullptr;
+        check(ncclCommWindowRegister(comm, window, count * sizeof(float), &handle, 0),
+              "ncclCommWindowRegister");
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(rank * 1000003 + i);
+        float* source = deviceCopyOf(mine);
+        const int next = (rank + 1) % kRanks, previous = (rank + kRanks - 1) % kRanks;
+        check(ncclPutSignal(source, count, ncclFloat32, next, handle, 0, 0, 0, 0, comm, cudaStream),
+              "ncclPutSignal");
+        check(ncclSignal(next, 0, 0, 0, comm, cudaStream), "ncclSignal");
+        ncclWaitSignalDesc_t bad = {1, previous, 1, 0};
+        require(ncclWaitSignal(1, &bad, comm, cudaStream) == ncclInvalidArgument,
+                "ncclWaitSignal accepted sigIdx 1 with numRmaSig 1");
+        ncclWaitSignalDesc_t both = {2, previous, 0, 0};
+        check(ncclWaitSignal(1, &both, comm, cudaStream), "ncclWaitSignal");
+        stream.synchronize();
+        const std::vector<float> got = hostCopyOf(static_cast<float*>(window), count);
+        for (size_t i = 0; i < count; ++i)
+          require(got[i] == static_cast<float>(previous * 1000003 + i),
+                  format("element %zu put by rank %d is %g", i, previous, got[i]));
+        check(ncclCommWindowDeregister(comm, handle), "ncclCommWindowDeregister");
+        check(ncclMemFree(source), "ncclMemFree");
+        check(ncclMemFree(window), "ncclMemFree");
+        check(ncclCommDestroy(comm), "ncclCommDestroy");
+      },
+      options());
+}
+
 // A peer that aborts while this rank's device op waits for it: the op
 // fails on the stream's behalf, ncclCommGetAsyncError says so (a remote
 // error), ncclCommAbort returns, and the stream runs on.

@@ -2,11 +2,13 @@
 // two-shot all-reduce, one-shot all-gather and broadcast, against the
 // reference and one-shot against two-shot bit for bit; ranks in processes
 // of their own (windows mapped through cuda_ipc) and in one process
-// (nvlink_p2p); registration while other ops run; bad windows. On the
+// (nvlink_p2p); registration while other ops run; bad windows; one-sided
+// puts, signals and waits on the stream. On the
 // emulated device everywhere, and on CUDA where a GPU is present (an
 // instance whose device is missing skips, saying why).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -35,7 +37,10 @@ class TestWindow {
         base_(static_cast<std::byte*>(device::current()->allocate(comm.device(), bytes))),
         window_(comm.registerWindow(base_, bytes)) {}
   ~TestWindow() {
-    comm_.deregisterWindow(window_);
+    try {
+      comm_.deregisterWindow(window_);
+    } catch (const Error&) {  // a failed communicator: its mappings go with it
+    }
     device::current()->free(base_);
   }
   TestWindow(const TestWindow&) = delete;
@@ -43,6 +48,7 @@ class TestWindow {
 
   std::byte* base() const { return base_; }
   size_t bytes() const { return bytes_; }
+  Window handle() const { return window_; }
 
  private:
   Communicator& comm_;
@@ -352,6 +358,155 @@ TEST_P(Windows, BadWindowsAreRefusedNamingTheArgumentAndTheCommunicatorGoesOn) {
             runInWindow(comm, stream, window,
                         {Coll::AllReduce, DataType::Float32, ReduceOp::Max, 99, true, 0}, 9);
         require(problem.empty(), problem);
+      },
+      options());
+}
+
+// The byte rank `from` puts at index i in round `round`.
+uint8_t pattern(int from, int round, size_t i) {
+  return static_cast<uint8_t>(from * 37 + round * 11 + i * 7 + (i >> 10));
+}
+
+// Every rank puts a block into every rank's window (its own included) on
+// its stream, raising a signal with each, then waits on the stream for
+// every rank's signal: the blocks are in its window once the stream passed
+// the wait. Later rounds overwrite the blocks: a rank's puts land after
+// its earlier ones, and a wait consumes only its count.
+TEST_P(Windows, PutsWithSignalsLandInThePeersWindowsInStreamOrderAt3Ranks) {
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const int n = comm.size(), r = comm.rank();
+        const size_t most = size_t{1} << 20;
+        TestWindow window(comm, most * static_cast<size_t>(n));
+        TestStream stream(comm.device());
+        DeviceBuffer source(comm.device(), most);
+        std::vector<uint8_t> mine(most);
+        int round = 0;
+        for (size_t block : {size_t{8}, size_t{4097}, most}) {
+          ++round;
+          for (size_t i = 0; i < block; ++i) mine[i] = pattern(r, round, i);
+          device::current()->copyNow(source.data(), mine.data(), block);
+          const int signal = round % 2;
+          for (int k = 0; k < n; ++k) {
+            const int peer = (r + k) % n;
+            comm.put(source.data(), block, DataType::Uint8, peer, window.handle(),
+                     static_cast<size_t>(r) * block, signal, stream.stream());
+          }
+          std::vector<SignalWait> waits;
+          for (int from = 0; from < n; ++from) waits.push_back({from, signal, 1});
+          comm.waitSignals(waits.data(), waits.size(), stream.stream()).wait();
+          stream.synchronize();
+          std::vector<uint8_t> got(block * static_cast<size_t>(n));
+          device::current()->copyNow(got.data(), window.base(), got.size());
+          for (int from = 0; from < n; ++from)
+            for (size_t i = 0; i < block; ++i)
+              if (got[static_cast<size_t>(from) * block + i] != pattern(from, round, i))
+                require(false, format("round %d: byte %zu of rank %d's %zu-byte put is wrong",
+                                      round, i, from, block));
+          comm.barrier();  // nobody puts the next round into a block still being read
+        }
+      },
+      options());
+}
+
+// A wait holds the stream, not the host: it is issued before the signal it
+// waits for is raised, and signals alone (no data) release it; a wait
+// consumes exactly its count.
+TEST_P(Windows, AWaitHoldsTheStreamUntilThePeerSignals) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        TestWindow window(comm, 4096);
+        TestStream stream(comm.device());
+        if (comm.rank() == 0) {
+          const SignalWait wait{1, 5, 2};
+          Work waited = comm.waitSignals(&wait, 1, stream.stream());
+          comm.barrier();  // rank 1 signals once
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          require(!waited.test(), "a wait for 2 raises passed after 1");
+          comm.barrier();  // and twice more
+          waited.wait();
+          const SignalWait last{1, 5, 1};  // the third raise is still there
+          comm.waitSignals(&last, 1, stream.stream()).wait();
+        } else {
+          comm.signal(0, 5, stream.stream()).wait();
+          comm.barrier();
+          comm.barrier();
+          comm.signal(0, 5, stream.stream());
+          comm.signal(0, 5, stream.stream()).wait();
+        }
+        stream.synchronize();
+      },
+      options());
+}
+
+// A wait nobody answers fails past the communicator's timeout, naming the
+// signal and the rank it waits for, and releases the stream.
+TEST_P(Windows, AnUnansweredWaitTimesOutNamingTheSignal) {
+  RunOptions run = options();
+  run.config.timeout = std::chrono::milliseconds(1500);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        TestWindow window(comm, 4096);
+        TestStream stream(comm.device());
+        if (comm.rank() == 1) {
+          const SignalWait wait{0, 3, 1};
+          Work waited = comm.waitSignals(&wait, 1, stream.stream());
+          requireError([&] { waited.wait(); }, ErrorCode::Timeout,
+                       "waiting for signal 3 from rank 0");
+          stream.synchronize();  // released
+        } else {
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+        }
+      },
+      run);
+}
+
+// Bad one-sided calls on device windows are refused naming the argument,
+// with nothing enqueued or counted; the communicator goes on.
+TEST_P(Windows, BadDeviceOneSidedCallsAreRefusedAndTheCommunicatorGoesOn) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        TestStream stream(comm.device());
+        DeviceBuffer source(comm.device(), 64);
+        const int peer = 1 - comm.rank();
+        requireError([&] { comm.signal(peer, 0, stream.stream()); }, ErrorCode::InvalidUsage,
+                     "need a device window registered first");
+        TestWindow window(comm, 4096);
+        const Window handle = window.handle();
+        requireError([&] { comm.put(source.data(), 8, DataType::Uint8, peer, handle, 0, 0); },
+                     ErrorCode::InvalidArgument, "argument 'stream'");
+        requireError(
+            [&] {
+              comm.put(source.data(), 64, DataType::Uint8, peer, handle, 4090, 0, stream.stream());
+            },
+            ErrorCode::InvalidArgument, "argument 'offset' (4090)");
+        requireError(
+            [&] {
+              comm.put(source.data(), 8, DataType::Uint8, peer, handle, 0, kSignals,
+                       stream.stream());
+            },
+            ErrorCode::InvalidArgument, "argument 'signal'");
+        const SignalWait tooMany{peer, 0, (uint64_t{1} << 31) + 1};
+        requireError([&] { comm.waitSignals(&tooMany, 1, stream.stream()); },
+                     ErrorCode::InvalidArgument, "waits[0].count");
+        comm.groupStart();
+        requireError([&] { comm.signal(peer, 0, stream.stream()); }, ErrorCode::InvalidUsage,
+                     "cannot be part of a group");
+        comm.groupEnd();
+        device::Device& device = *device::current();
+        device.beginCapture(stream.handle());
+        requireError([&] { comm.signal(peer, 0, stream.stream()); }, ErrorCode::InvalidUsage,
+                     "captured into a CUDA graph");
+        device.destroyGraph(device.endCapture(stream.handle()));
+        // Nothing was raised or counted: one put and one wait pair up.
+        comm.put(source.data(), 8, DataType::Uint8, peer, handle, 0, 1, stream.stream());
+        const SignalWait one{peer, 1, 1};
+        comm.waitSignals(&one, 1, stream.stream()).wait();
+        stream.synchronize();
       },
       options());
 }

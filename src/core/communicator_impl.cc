@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/calibrate.h"
+#include "core/device_one_sided.h"
 #include "core/diagnose.h"
 #include "core/errors.h"
 #include "core/knob_agreement.h"

@@ -25,6 +25,7 @@
 
 namespace braid {
 
+class DeviceSignals;
 class OneSided;
 
 // The deadline `timeout` from now: of a communicator's set-up, or of one
@@ -90,6 +91,8 @@ class RegisteredWindow {
   ~RegisteredWindow();
 
   uint64_t id() const { return id_; }
+  std::byte* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
   // Where rank `r` has [pointer, pointer + bytes) of this rank's window,
   // or null when the range is not in the window or `r` does not map it
   // (another host, or a peer staged over tcp).
@@ -279,6 +282,8 @@ struct Communicator::Impl {
   uint64_t nextWindow = 1;
   // Host windows and one-sided calls; made by the first host window.
   std::unique_ptr<OneSided> oneSided;
+  // Device windows' one-sided calls; made by the first device window.
+  std::unique_ptr<DeviceSignals> deviceSignals;
 
   std::mutex queueMutex;  // guards queue, outstanding, stopping
   std::condition_variable queueChanged;

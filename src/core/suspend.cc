@@ -3,6 +3,7 @@
 // ncclCommResume and ncclCommMemStats).
 #include "core/arguments.h"
 #include "core/communicator_impl.h"
+#include "core/device_one_sided.h"
 #include "core/errors.h"
 #include "core/log.h"
 
@@ -18,6 +19,8 @@ Communicator::MemoryStats Communicator::memoryStats() const {
     stats.suspendable = memory.releasable;
     stats.persistent = memory.persistent;
   }
+  // The device windows' signal board (the windows are the caller's memory).
+  if (impl_->deviceSignals) stats.persistent += impl_->deviceSignals->boardBytes();
   return stats;
 }
 

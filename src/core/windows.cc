@@ -1,11 +1,13 @@
 // Windows: memory registered with a communicator. Device windows are mapped
 // by every rank of one host, so that one-shot and two-shot plans read and
-// write peers' buffers directly; host windows take one-sided puts
-// (one_sided.h). Communicator::registerWindow and the one-sided calls.
+// write peers' buffers directly, and take stream-ordered one-sided puts
+// (device_one_sided.h); host windows take one-sided puts (one_sided.h).
+// Communicator::registerWindow and the one-sided calls.
 #include <algorithm>
 
 #include "core/arguments.h"
 #include "core/communicator_impl.h"
+#include "core/device_one_sided.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/one_sided.h"
@@ -132,6 +134,14 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
                                  impl.deviceIndex};
     std::vector<transport::PeerWindow> ranks =
         transport::mapWindow(setup, impl.wiring, buffer, bytes);
+    if (!impl.deviceSignals) {
+      try {
+        impl.deviceSignals = std::make_unique<DeviceSignals>(impl);
+      } catch (...) {
+        transport::unmapWindow(*impl.device, ranks, bytes);
+        throw;
+      }
+    }
     const uint64_t id = impl.nextWindow++;
     impl.windows.emplace_back(id, static_cast<std::byte*>(buffer), bytes, std::move(ranks),
                               *impl.device);
@@ -191,6 +201,47 @@ OneSided& oneSidedFor(Communicator::Impl& impl, const char* op) {
   return *impl.oneSided;
 }
 
+const RegisteredWindow* deviceWindow(const Communicator::Impl& impl, Window window) {
+  for (const RegisteredWindow& w : impl.windows)
+    if (w.id() == window.id) return &w;
+  return nullptr;
+}
+
+// Where one-sided calls on device windows run: on a device stream that is
+// not being captured, outside groups, after this rank's earlier ops. The
+// peers are checked already.
+DeviceSignals& deviceSignalsFor(Communicator::Impl& impl, const char* op, const Stream& stream) {
+  if (!impl.deviceSignals)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         format("%s: one-sided calls on a device stream need a device window registered first "
+                "(registerWindow)",
+                op));
+  if (impl.groupDepth > 0)
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         format("%s: one-sided calls cannot be part of a group (call it before groupStart() or "
+                "after groupEnd())",
+                op));
+  if (impl.device->capturing(stream.deviceStream()))
+    fail(ErrorCode::InvalidUsage, impl.rank,
+         format("%s: one-sided calls on device windows cannot be captured into a CUDA graph "
+                "(the stream is being captured)",
+                op));
+  impl.waitForAsyncIdle();
+  impl.throwIfFailed();
+  return *impl.deviceSignals;
+}
+
+// A device signal's peer must map this rank's board.
+void checkDevicePeer(const Communicator::Impl& impl, const ArgumentCheck& check, const char* name,
+                     int peer) {
+  if (impl.deviceSignals && !impl.deviceSignals->reaches(peer))
+    check.reject(
+        format("argument '%s' is %d, a rank that does not map this rank's device windows "
+               "(another host, or a pair staged over the network): one-sided calls on "
+               "device windows reach the ranks of this host",
+               name, peer));
+}
+
 void checkSignal(const ArgumentCheck& check, const char* name, int signal, bool noneAllowed) {
   if (signal < (noneAllowed ? -1 : 0) || signal >= kSignals)
     check.reject(format("argument '%s' is %d, not in [%d, %d)", name, signal, noneAllowed ? -1 : 0,
@@ -213,7 +264,6 @@ Work runOneSided(Communicator::Impl& impl, int peer, Call call) {
 
 Work Communicator::put(const void* source, size_t count, DataType type, int peer, Window window,
                        size_t offset, int signal, Stream stream) {
-  (void)stream;  // host windows: the call runs in this thread
   Impl& impl = usable(impl_.get(), "put");
   ArgumentCheck check(impl, "put");
   check.type(type);
@@ -221,38 +271,48 @@ Work Communicator::put(const void* source, size_t count, DataType type, int peer
   check.rank("peer", peer);
   check.buffer("source", source, count);
   checkSignal(check, "signal", signal, true);
-  const bool device = std::any_of(impl.windows.begin(), impl.windows.end(),
-                                  [&](const RegisteredWindow& w) { return w.id() == window.id; });
-  if (device)
-    check.reject(format("argument 'window' (%llu) is a device window: puts take host windows",
-                        static_cast<unsigned long long>(window.id)));
-  if (!impl.oneSided || !impl.oneSided->hasWindow(window.id))
+  const RegisteredWindow* onDevice = deviceWindow(impl, window);
+  if (!onDevice && (!impl.oneSided || !impl.oneSided->hasWindow(window.id)))
     check.reject(format("argument 'window' (%llu) is not a window of this communicator",
                         static_cast<unsigned long long>(window.id)));
   const size_t bytes = count * dataTypeSize(type);
-  const size_t part = impl.oneSided->windowBytes(window.id, peer);
+  const size_t part = onDevice ? onDevice->bytes() : impl.oneSided->windowBytes(window.id, peer);
   if (offset > part || bytes > part - offset)
     check.reject(
         format("argument 'offset' (%zu) and %zu bytes pass the end of rank %d's part of "
                "the window (%zu bytes)",
                offset, bytes, peer, part));
+  if (onDevice) {
+    if (!stream.isDevice())
+      check.reject(
+          format("argument 'stream': window %llu is device memory, whose puts are "
+                 "stream-ordered: pass a device stream (Stream::cuda)",
+                 static_cast<unsigned long long>(window.id)));
+    checkDevicePeer(impl, check, "peer", peer);
+    std::byte* target = onDevice->at(peer, onDevice->base() + offset, bytes);
+    DeviceSignals& signals = deviceSignalsFor(impl, "put", stream);
+    return signals.put(source, target, bytes, peer, signal, stream.deviceStream());
+  }
+  // Host windows: the call runs in this thread, whatever the stream.
   OneSided& oneSided = oneSidedFor(impl, "put");
   return runOneSided(impl, peer,
                      [&] { oneSided.put(source, bytes, peer, window.id, offset, signal); });
 }
 
 Work Communicator::signal(int peer, int signal, Stream stream) {
-  (void)stream;
   Impl& impl = usable(impl_.get(), "signal");
   ArgumentCheck check(impl, "signal");
   check.rank("peer", peer);
   checkSignal(check, "signal", signal, false);
+  if (stream.isDevice()) {
+    checkDevicePeer(impl, check, "peer", peer);
+    return deviceSignalsFor(impl, "signal", stream).signal(peer, signal, stream.deviceStream());
+  }
   OneSided& oneSided = oneSidedFor(impl, "signal");
   return runOneSided(impl, peer, [&] { oneSided.signal(peer, signal); });
 }
 
 Work Communicator::waitSignals(const SignalWait* waits, size_t count, Stream stream) {
-  (void)stream;
   Impl& impl = usable(impl_.get(), "waitSignals");
   ArgumentCheck check(impl, "waitSignals");
   if (!waits && count > 0) check.reject(format("argument 'waits' is null but count is %zu", count));
@@ -269,6 +329,17 @@ Work Communicator::waitSignals(const SignalWait* waits, size_t count, Stream str
                             wait.signal, wait.peer));
   }
   if (count == 0) return finished();
+  if (stream.isDevice()) {
+    for (size_t i = 0; i < count; ++i) {
+      checkDevicePeer(impl, check, format("waits[%zu].peer", i).c_str(), waits[i].peer);
+      if (waits[i].count > (uint64_t{1} << 31))  // device counters compare cyclically
+        check.reject(
+            format("waits[%zu].count is %llu: a wait on a device stream counts at most "
+                   "2^31 raises",
+                   i, static_cast<unsigned long long>(waits[i].count)));
+    }
+    return deviceSignalsFor(impl, "waitSignals", stream).wait(waits, count, stream.deviceStream());
+  }
   OneSided& oneSided = oneSidedFor(impl, "waitSignals");
   return runOneSided(impl, -1, [&] { oneSided.wait(waits, count, deadlineAfter(impl.timeout())); });
 }

@@ -214,31 +214,65 @@ void DeviceExecutor::enqueue(DeviceLane* lanes, size_t count, const device::Stre
     lower(lanes, count, stream, &op);
     device_.record(op.end, stream);
   } catch (const std::exception& error) {
-    // Part of the op may be on the stream, and the counters moved on: the
-    // communicator fails, and the watchdog releases what was enqueued.
-    const auto* known = dynamic_cast<const Error*>(&error);
-    Error failed(known ? known->code() : ErrorCode::Internal,
-                 format("braid rank %d: %s: enqueueing on the device failed: %s", rank_,
-                        op.info.describe().c_str(), error.what()));
-    failAll(failed, -1, transport::GiveUpReason::Failed);
-    try {
-      if (sends_) {  // part of a group's sends may be there: the end waits for them too
-        device::EventHandle join = takeEvent();
-        op.joins.push_back(join);
-        device_.record(join, sends_);
-        device_.streamWait(stream, join);
-      }
-      device_.record(op.end, stream);
-      op.done = [](const Error*) {};  // the caller completes the op's Work with the throw
-      ops_.push_back(std::move(op));
-    } catch (const Error&) {  // the stream cannot even take an event: nothing to track
-    }
-    lock.unlock();
-    changed_.notify_all();
-    throw failed;
+    failEnqueue(std::move(op), stream, error, lock);
   }
   for (size_t s = 1; s < streamCount; ++s)
     if (streams[s] != stream) device_.streamWait(streams[s], op.end);
+  op.done = std::move(done);
+  ops_.push_back(std::move(op));
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void DeviceExecutor::failEnqueue(Op op, device::StreamHandle stream, const std::exception& error,
+                                 std::unique_lock<std::mutex>& lock) {
+  // Part of the op may be on the stream, and the counters moved on: the
+  // communicator fails, and the watchdog releases what was enqueued.
+  const auto* known = dynamic_cast<const Error*>(&error);
+  Error failed(known ? known->code() : ErrorCode::Internal,
+               format("braid rank %d: %s: enqueueing on the device failed: %s", rank_,
+                      op.info.describe().c_str(), error.what()));
+  failAll(failed, -1, transport::GiveUpReason::Failed);
+  try {
+    if (sends_) {  // part of a group's sends may be there: the end waits for them too
+      device::EventHandle join = takeEvent();
+      op.joins.push_back(join);
+      device_.record(join, sends_);
+      device_.streamWait(stream, join);
+    }
+    device_.record(op.end, stream);
+    op.done = [](const Error*) {};  // the caller completes the op's Work with the throw
+    ops_.push_back(std::move(op));
+  } catch (const Error&) {  // the stream cannot even take an event: nothing to track
+  }
+  lock.unlock();
+  changed_.notify_all();
+  throw failed;
+}
+
+void DeviceExecutor::enqueueOneSided(const OpInfo& info, device::StreamHandle stream, void* dst,
+                                     const void* src, size_t bytes,
+                                     const std::vector<device::FlagOp>& flags,
+                                     std::vector<BoardWait> waits, Done done) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) throw *failure_;
+  Op op;
+  op.info = info;
+  if (!ops_.empty()) device_.streamWait(stream, ops_.back().end);
+  op.begin = takeEvent();
+  op.end = takeEvent();
+  op.boardWaits = std::move(waits);
+  try {
+    device_.record(op.begin, stream);
+    if (bytes > 0) device_.copy(stream, dst, src, bytes);
+    std::vector<device::FlagOp> all = flags;
+    for (const BoardWait& wait : op.boardWaits)
+      all.push_back(device::FlagOp::wait(wait.flag, wait.value));
+    if (!all.empty()) device_.flagOps(stream, all.data(), all.size());
+    device_.record(op.end, stream);
+  } catch (const std::exception& error) {
+    failEnqueue(std::move(op), stream, error, lock);
+  }
   op.done = std::move(done);
   ops_.push_back(std::move(op));
   lock.unlock();

@@ -124,6 +124,27 @@ class DeviceExecutor {
   // (one staged over tcp), or grouped sends and receives (which need a
   // second stream). REQUIRES: hasGraphFifos().
   void enqueueCaptured(DeviceLane* lanes, size_t count, device::StreamHandle stream);
+
+  // A wait of one-sided work: the stream waits until `flag`, this rank's
+  // counter of the raises of signal `signal` by rank `peer`, reaches
+  // `value` (cyclically).
+  struct BoardWait {
+    uint32_t* flag = nullptr;
+    uint32_t value = 0;
+    int peer = -1;
+    int signal = 0;
+  };
+  // One-sided work on device windows (Communicator::put, signal and
+  // waitSignals): a copy of `bytes` from `src` to `dst` (none when 0), then
+  // `flags`, then the flag waits of `waits`, on `stream`, tracked as an op:
+  // after the ops before it, `done` once the stream passed it. It fails
+  // past the timeout naming the signal its stream waits for, or when that
+  // peer leaves; a failure releases its waits (their values written from
+  // the host). Throws the sticky error when the executor failed earlier
+  // (nothing is enqueued then).
+  void enqueueOneSided(const OpInfo& info, device::StreamHandle stream, void* dst, const void* src,
+                       size_t bytes, const std::vector<device::FlagOp>& flags,
+                       std::vector<BoardWait> waits, Done done);
   // The graph FIFOs: made by the communicator (collectively, at its
   // creation), of the ordinary FIFOs' shape, so that every plan fits them.
   bool hasGraphFifos();
@@ -177,11 +198,17 @@ class DeviceExecutor {
       uint64_t message;
     };
     std::vector<Wait> waits;
+    std::vector<BoardWait> boardWaits;  // one-sided work's signal waits
     Done done;
     std::optional<Clock::time_point> startedAt;   // when the watchdog saw `begin` complete
     std::optional<Clock::time_point> graceUntil;  // past the deadline: when it fails
   };
 
+  // After `op`'s enqueueing on `stream` threw `error` (mutex_ held): the
+  // communicator fails, the op is tracked to its end so that the watchdog
+  // releases what part of it was enqueued, and the failure is thrown.
+  [[noreturn]] void failEnqueue(Op op, device::StreamHandle stream, const std::exception& error,
+                                std::unique_lock<std::mutex>& lock);
   // Makes the ops' scratch `bytes`, retiring the old area (mutex_ held).
   void growScratch(size_t bytes);
 

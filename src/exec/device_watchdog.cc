@@ -69,6 +69,9 @@ void DeviceExecutor::releaseWaits() {
       device_.writeFlagNow(c->recv.tags + m % slots_, run.tag);
   }
   ++releaseTurn_;
+  // One-sided work's signal waits: their own counters, at their values.
+  for (const Op& op : ops_)
+    for (const BoardWait& wait : op.boardWaits) device_.writeFlagNow(wait.flag, wait.value);
 }
 
 void DeviceExecutor::releaseGraphWaits() { device_.writeFlagNow(graphs_.abort, 1); }
@@ -111,6 +114,14 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
   // yet that is not what holds this rank).
   int peer = -1;
   std::string where = "waiting on the device";
+  for (const BoardWait& wait : head.boardWaits) {
+    const uint32_t raised = device_.readFlagNow(wait.flag);
+    if (device::passes(raised, wait.value, device::Compare::GreaterOrEqual)) continue;
+    peer = wait.peer;
+    where = format("waiting for signal %d from rank %d (%d more raises to come)", wait.signal,
+                   wait.peer, static_cast<int32_t>(wait.value - raised));
+    break;
+  }
   for (const Op::Wait& wait : head.waits) {
     const transport::DeviceConnection* c = transport_->connection(wait.peer);
     if (wait.peer == rank_) continue;
@@ -175,6 +186,21 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
 }
 
 std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) {
+  for (const auto& [peer, goodbye] : departed_)
+    for (const BoardWait& wait : head.boardWaits) {
+      if (wait.peer != peer || device::passes(device_.readFlagNow(wait.flag), wait.value,
+                                              device::Compare::GreaterOrEqual))
+        continue;
+      *blamed = peer;
+      return Error(ErrorCode::RemoteError,
+                   format("braid rank %d: %s on the device: peer %d %s while this rank waits "
+                          "for its signal %d",
+                          rank_, head.info.describe().c_str(), peer,
+                          goodbye ? "destroyed its communicator"
+                                  : "closed its connection (it "
+                                    "exited or died)",
+                          wait.signal));
+    }
   for (const auto& [peer, goodbye] : departed_)
     for (const Op::Target& target : head.targets) {
       if (target.peer != peer) continue;

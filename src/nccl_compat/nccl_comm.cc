@@ -736,7 +736,10 @@ NCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, si
     handle->user = buff;
     ncclWindow_vidmem* made = handle.get();
     auto make = [made, buff, size, fn] {
-      made->window = usable(made->comm, fn, false).comm.registerWindow(buff, size);
+      ncclComm& c = usable(made->comm, fn, false);
+      made->window = c.comm.registerWindow(buff, size);
+      braid::device::Device* device = braid::device::current();
+      if (device && device->deviceOf(buff) >= 0) c.deviceWindows = true;
     };
     // In a group (one thread registering for several ranks), at its end.
     if (tGroup.depth > 0)

@@ -98,6 +98,9 @@ struct ncclComm {
   // context (numRmaSig); context c's index s is braid's signal c * rmaSignals + s.
   int rmaContexts = 1;
   int rmaSignals = 1;
+  // A window of device memory was registered: ncclSignal and ncclWaitSignal
+  // then act on the device windows' signals, ordered on their stream.
+  bool deviceWindows = false;
   static constexpr int kMaxRmaSignals = braid::kSignals;
 
   // A nonblocking init runs on `initThread`; `ready` says it has finished,

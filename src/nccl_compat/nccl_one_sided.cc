@@ -1,8 +1,10 @@
 // The C API's one-sided calls (NCCL 2.29): ncclPutSignal, ncclSignal and
-// ncclWaitSignal over braid's host windows (Communicator::put, signal and
-// waitSignals). A context and a signal index name one of braid's signals:
-// context c's index s is signal c * numRmaSig + s (ncclConfig_t's
-// numRmaCtx and numRmaSig, 1 each by default).
+// ncclWaitSignal over braid's windows (Communicator::put, signal and
+// waitSignals): ordered on the stream for device windows, run by the
+// calling thread for host windows. Once a communicator registered a device
+// window, ncclSignal and ncclWaitSignal act on the device windows' signals. A context and a signal
+// index name one of braid's signals: context c's index s is signal c * numRmaSig + s
+// (ncclConfig_t's numRmaCtx and numRmaSig, 1 each by default).
 #include "nccl_compat/nccl_internal.h"
 
 namespace braid::nccl {
@@ -32,6 +34,12 @@ void noFlags(unsigned int flags, const char* fn) {
                 format("%s: argument 'flags' is %u; none are defined, it must be 0", fn, flags));
 }
 
+// Where ncclSignal and ncclWaitSignal run: on `stream` once the
+// communicator has device windows, else in the calling thread.
+Stream signalStream(const ncclComm& comm, cudaStream_t stream) {
+  return comm.deviceWindows ? Stream::cuda(static_cast<void*>(stream)) : Stream();
+}
+
 }  // namespace
 }  // namespace braid::nccl
 
@@ -53,7 +61,7 @@ NCCL_EXPORT ncclResult_t pncclPutSignal(const void* localbuff, size_t count,
     const int signal = signalOf(c, sigIdx, ctx, fn, "argument ");
     noFlags(flags, fn);
     return issued(c, c.comm.put(localbuff, count, type, peer, peerWin->window, peerWinOffset,
-                                signal, streamFor(&c, stream, {localbuff})));
+                                signal, streamFor(&c, stream, {peerWin->user})));
   });
 }
 
@@ -65,8 +73,7 @@ NCCL_EXPORT ncclResult_t pncclSignal(int peer, int sigIdx, int ctx, unsigned int
     ncclComm& c = usable(comm, fn, false);
     const int signal = signalOf(c, sigIdx, ctx, fn, "argument ");
     noFlags(flags, fn);
-    (void)stream;  // signals belong to host windows: raised in this thread
-    return issued(c, c.comm.signal(peer, signal));
+    return issued(c, c.comm.signal(peer, signal, signalStream(c, stream)));
   });
 }
 
@@ -89,8 +96,7 @@ NCCL_EXPORT ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signal
                                        signalOf(c, desc.sigIdx, desc.ctx, fn, where.c_str()),
                                        static_cast<uint64_t>(desc.opCnt)};
     }
-    (void)stream;
-    return issued(c, c.comm.waitSignals(waits.data(), waits.size()));
+    return issued(c, c.comm.waitSignals(waits.data(), waits.size(), signalStream(c, stream)));
   });
 }
 
