@@ -292,11 +292,13 @@ Work Runner::issue(DataType type, ReduceOp op, size_t count, const Placement& p)
     case Collective::PutSignal: {
       // A ring shift by one-sided puts: into the next rank's window, at
       // the receive buffer's place, then the previous rank's signal.
-      const size_t offset =
-          static_cast<size_t>(static_cast<unsigned char*>(p.recv) - recv_->data());
-      comm_.put(p.send, count, type, (rank_ + 1) % nranks_, putWindow_, offset, 0);
+      const auto* window = device_ ? deviceRecv_->data() : recv_->data();
+      const size_t offset = static_cast<size_t>(static_cast<unsigned char*>(p.recv) -
+                                                reinterpret_cast<const unsigned char*>(window));
+      finished(
+          comm_.put(p.send, count, type, (rank_ + 1) % nranks_, putWindow_, offset, 0, stream));
       const SignalWait previous{(rank_ - 1 + nranks_) % nranks_, 0, 1};
-      return comm_.waitSignals(&previous, 1);
+      return finished(comm_.waitSignals(&previous, 1, stream));
     }
   }
   return Work();
@@ -540,7 +542,8 @@ Result Runner::run() {
   }
 
   if (c == Collective::PutSignal)  // (the same size on every rank)
-    putWindow_ = comm_.registerWindow(recv_->data(), std::max<size_t>(recvBytes, 1));
+    putWindow_ = device_ ? comm_.registerWindow(deviceRecv_->data(), std::max<size_t>(recvBytes, 1))
+                         : comm_.registerWindow(recv_->data(), std::max<size_t>(recvBytes, 1));
 
   if (rank_ == 0) printHeader(sizes);
   std::vector<ReduceOp> ops = reduces(c) ? options_.ops : std::vector<ReduceOp>{ReduceOp::Sum};

@@ -15,7 +15,7 @@ constexpr const char* kUsage =
     "usage: braid-perf <collective> [options]   (run it under braid-run -n N)\n"
     "       braid-perf -a [options]             every collective in one run\n"
     "  collective: allreduce, allgather, reducescatter, broadcast, reduce, sendrecv,\n"
-    "              putsignal (one-sided, host buffers; not part of -a)\n"
+    "              putsignal (one-sided; not part of -a)\n"
     "  -b, --minbytes SIZE      smallest size, e.g. 8, 64K, 1M (default 32M)\n"
     "  -e, --maxbytes SIZE      largest size (default 32M)\n"
     "  -f, --stepfactor N       multiply the size by N each step (default 2)\n"
@@ -314,9 +314,10 @@ bool parseOptions(int argc, char** argv, Options* options) {
       std::find(options->collectives.begin(), options->collectives.end(), Collective::SendRecv) !=
           options->collectives.end())
     throw UsageError("-C: sendrecv's grouped send and receive cannot be captured into a graph yet");
-  if (options->onDevice && std::find(options->collectives.begin(), options->collectives.end(),
-                                     Collective::PutSignal) != options->collectives.end())
-    throw UsageError("putsignal puts into host windows: it runs on host buffers (-G 0)");
+  if (options->graphLaunches > 0 &&
+      std::find(options->collectives.begin(), options->collectives.end(), Collective::PutSignal) !=
+          options->collectives.end())
+    throw UsageError("-C: one-sided puts cannot be captured into a graph");
   if (haveFactor && options->stepBytes > 0)
     throw UsageError("-f and -i exclude each other: step by a factor or by bytes");
   return true;
