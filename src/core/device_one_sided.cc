@@ -3,18 +3,29 @@
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/one_sided.h"
 
 namespace braid {
+namespace {
 
-DeviceSignals::DeviceSignals(Communicator::Impl& impl)
+// How long the proxy sleeps between looks at a stream it waits to reach a
+// staged call (a network send takes longer).
+constexpr auto kProxyTurn = std::chrono::microseconds(20);
+
+}  // namespace
+
+DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
     : impl_(impl),
-      bytes_(static_cast<size_t>(impl.nranks) * kSignals * sizeof(uint32_t)),
+      staged_(staged),
+      // The counters, then the proxy's flag.
+      bytes_((static_cast<size_t>(impl.nranks) * kSignals + 1) * sizeof(uint32_t)),
       raised_(static_cast<size_t>(impl.nranks) * kSignals),
-      consumed_(static_cast<size_t>(impl.nranks) * kSignals) {
+      consumed_(static_cast<size_t>(impl.nranks) * kSignals),
+      stagedRaised_(static_cast<size_t>(impl.nranks) * kSignals) {
   device::Device& device = *impl.device;
   board_ = static_cast<std::byte*>(device.allocate(impl.deviceIndex, bytes_));
   try {
-    const std::vector<uint32_t> zeros(raised_.size());
+    const std::vector<uint32_t> zeros(bytes_ / sizeof(uint32_t));
     device.copyNow(board_, zeros.data(), bytes_);
     const transport::Setup setup{*impl.bootstrap,
                                  impl.knobs,
@@ -28,10 +39,19 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl)
     device.free(board_);
     throw;
   }
+  staged_.setDeviceRaise([this](int source, int signal) { raiseStaged(source, signal); });
 }
 
 DeviceSignals::~DeviceSignals() {
+  staged_.setDeviceRaise(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (proxy_.joinable()) proxy_.join();
   try {
+    for (device::EventHandle event : freeEvents_) impl_.device->destroyEvent(event);
     transport::unmapWindow(*impl_.device, boards_, bytes_);
     impl_.device->free(board_);
   } catch (const Error& error) {  // a broken device: nothing more to do about it
@@ -40,7 +60,7 @@ DeviceSignals::~DeviceSignals() {
 }
 
 bool DeviceSignals::reaches(int peer) const {
-  return boards_[static_cast<size_t>(peer)].base != nullptr;
+  return boards_[static_cast<size_t>(peer)].base != nullptr || staged_.staged(peer);
 }
 
 uint32_t* DeviceSignals::slot(int owner, int source, int signal) const {
@@ -48,23 +68,30 @@ uint32_t* DeviceSignals::slot(int owner, int source, int signal) const {
   return counters + static_cast<size_t>(source) * kSignals + signal;
 }
 
+uint32_t* DeviceSignals::sentFlag() const {
+  return reinterpret_cast<uint32_t*>(board_) + static_cast<size_t>(impl_.nranks) * kSignals;
+}
+
 Work DeviceSignals::enqueue(const char* name, int peer, size_t count, const void* source,
                             void* target, size_t bytes, const std::vector<device::FlagOp>& flags,
-                            std::vector<exec::DeviceExecutor::BoardWait> waits, void* stream) {
+                            std::vector<exec::DeviceExecutor::BoardWait> waits, void* stream,
+                            device::EventHandle reached) {
   exec::OpInfo info;
   info.name = name;
   info.seq = seq_++;
   info.count = count;
   info.peer = peer;
   auto state = std::make_shared<Work::State>();
-  impl_.deviceExecutor->enqueueOneSided(info, stream, target, source, bytes, flags,
-                                        std::move(waits),
-                                        [state](const Error* error) { state->complete(error); });
+  impl_.deviceExecutor->enqueueOneSided(
+      info, stream, target, source, bytes, flags, std::move(waits),
+      [state](const Error* error) { state->complete(error); }, reached);
   return Work(std::move(state));
 }
 
-Work DeviceSignals::put(const void* source, std::byte* target, size_t bytes, int peer, int signal,
-                        void* stream) {
+Work DeviceSignals::put(const void* source, std::byte* target, size_t bytes, int peer,
+                        uint64_t window, size_t offset, int signal, void* stream) {
+  if (!target)
+    return stage({nullptr, source, bytes, peer, window, offset, signal, false, 0}, stream);
   std::vector<device::FlagOp> flags;
   if (signal >= 0) {
     uint32_t& raised = raised_[static_cast<size_t>(peer) * kSignals + signal];
@@ -74,6 +101,8 @@ Work DeviceSignals::put(const void* source, std::byte* target, size_t bytes, int
 }
 
 Work DeviceSignals::signal(int peer, int signal, void* stream) {
+  if (!boards_[static_cast<size_t>(peer)].base)
+    return stage({nullptr, nullptr, 0, peer, 0, 0, signal, true, 0}, stream);
   uint32_t& raised = raised_[static_cast<size_t>(peer) * kSignals + signal];
   const std::vector<device::FlagOp> flags{
       device::FlagOp::write(slot(peer, impl_.rank, signal), ++raised)};
@@ -92,6 +121,83 @@ Work DeviceSignals::wait(const SignalWait* waits, size_t count, void* stream) {
   }
   return enqueue("waitSignals", count == 1 ? waits[0].peer : -1, raises, nullptr, nullptr, 0, {},
                  std::move(boardWaits), stream);
+}
+
+Work DeviceSignals::stage(Staged call, void* stream) {
+  device::Device& device = *impl_.device;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (freeEvents_.empty()) {
+      call.reached = device.createEvent(impl_.deviceIndex);
+    } else {
+      call.reached = freeEvents_.back();
+      freeEvents_.pop_back();
+    }
+    if (!proxy_.joinable()) proxy_ = std::thread([this] { proxy(); });
+  }
+  call.ticket = ++tickets_;
+  Work work;
+  try {
+    // The stream goes on once the proxy has sent the call.
+    work = enqueue(call.signalOnly ? "signal" : "put", call.peer, call.signalOnly ? 1 : call.bytes,
+                   nullptr, nullptr, 0, {}, {{sentFlag(), call.ticket, call.peer, -1}}, stream,
+                   call.reached);
+  } catch (...) {
+    --tickets_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    freeEvents_.push_back(call.reached);
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(call);
+  }
+  changed_.notify_all();
+  return work;
+}
+
+void DeviceSignals::proxy() {
+  device::Device& device = *impl_.device;
+  try {
+    device.setCurrent(impl_.deviceIndex);
+  } catch (const Error& error) {
+    BRAID_WARN(Exec, "one-sided proxy: %s", error.what());
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const Staged call = queue_.front();
+    lock.unlock();
+    try {
+      // Once the stream reached the call, its source is ready (the
+      // executor's ops before it finished; a failed one was released).
+      while (!device.query(call.reached)) std::this_thread::sleep_for(kProxyTurn);
+      if (!impl_.failed.load(std::memory_order_acquire)) {
+        if (call.signalOnly)
+          staged_.signalOnDevice(call.peer, call.signal);
+        else
+          staged_.putFromDevice(call.source, call.bytes, call.peer, call.window, call.offset,
+                                call.signal);
+      }
+    } catch (const Error& error) {
+      impl_.deviceExecutor->failWith(error, call.peer);
+    }
+    try {
+      device.writeFlagNow(sentFlag(), call.ticket);
+    } catch (const Error& error) {  // the watchdog finds the device broken, and releases
+      BRAID_WARN(Exec, "one-sided proxy: %s", error.what());
+    }
+    lock.lock();
+    queue_.pop_front();
+    freeEvents_.push_back(call.reached);
+  }
+}
+
+void DeviceSignals::raiseStaged(int source, int signal) {
+  uint32_t& raised = stagedRaised_[static_cast<size_t>(source) * kSignals + signal];
+  auto* counters = reinterpret_cast<uint32_t*>(board_);
+  impl_.device->writeFlagNow(counters + static_cast<size_t>(source) * kSignals + signal, ++raised);
 }
 
 }  // namespace braid

@@ -35,7 +35,13 @@ constexpr uint32_t kPurpose = static_cast<uint32_t>(bootstrap::Purpose::kTranspo
 constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
 
-enum FrameKind : uint32_t { kPutFrame = 1, kSignalFrame = 2, kFenceFrame = 3 };
+enum FrameKind : uint32_t {
+  kPutFrame = 1,
+  kSignalFrame = 2,
+  kFenceFrame = 3,
+  kDevicePutFrame = 4,     // into a device window; its signal on the device board
+  kDeviceSignalFrame = 5,  // a signal alone, on the device board
+};
 constexpr uint32_t kNoSignal = UINT32_MAX;
 
 // What a staged pair's socket carries before a put's bytes.
@@ -49,6 +55,9 @@ struct Frame {
 
 // Puts of up to this many bytes leave in one write with their frame.
 constexpr size_t kInlineBytes = 4096;
+
+// Device memory crosses host memory in pieces of this size, each way.
+constexpr size_t kDevicePiece = size_t{1} << 20;
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -109,6 +118,7 @@ struct OneSided::Board {
 struct OneSided::Window {
   std::byte* base = nullptr;  // this rank's part
   size_t bytes = 0;
+  bool onDevice = false;            // a device window: only staged puts land here
   std::vector<size_t> bytesOf;      // by rank
   std::vector<uint64_t> addressOf;  // by rank, in its own process (process_vm_writev)
   std::vector<std::byte*> at;       // by rank: where this rank stores into it; null: not mapped
@@ -313,6 +323,60 @@ void OneSided::removeWindow(uint64_t id) {
   windows_.erase(id);
 }
 
+void OneSided::addDeviceWindow(uint64_t id, std::byte* base, size_t bytes) {
+  auto made = std::make_unique<Window>();
+  made->base = base;
+  made->bytes = bytes;
+  made->onDevice = true;
+  std::lock_guard<std::mutex> lock(windowsMutex_);
+  windows_[id] = std::move(made);
+}
+
+void OneSided::forgetWindow(uint64_t id) {
+  std::lock_guard<std::mutex> lock(windowsMutex_);
+  windows_.erase(id);
+}
+
+void OneSided::setDeviceRaise(std::function<void(int source, int signal)> raise) {
+  std::lock_guard<std::mutex> lock(windowsMutex_);
+  deviceRaise_ = std::move(raise);
+}
+
+void OneSided::putFromDevice(const void* source, size_t bytes, int peer, uint64_t window,
+                             size_t offset, int signal) {
+  Link& link = *links_[static_cast<size_t>(peer)];
+  const Frame frame{kDevicePutFrame, signal < 0 ? kNoSignal : static_cast<uint32_t>(signal), window,
+                    offset, bytes};
+  const net::Deadline deadline = deadlineAfter(impl_.timeout());
+  const std::string who = format("rank %d", peer);
+  std::vector<std::byte> piece(std::min(bytes, kDevicePiece));
+  std::lock_guard<std::mutex> lock(link.sendMutex);
+  try {
+    link.socket.sendAll(&frame, sizeof frame, deadline, who);
+    for (size_t done = 0; done < bytes; done += piece.size()) {
+      const size_t n = std::min(piece.size(), bytes - done);
+      impl_.device->copyNow(piece.data(), static_cast<const std::byte*>(source) + done, n);
+      link.socket.sendAll(piece.data(), n, deadline, who);
+    }
+  } catch (const Error& error) {
+    fail(error.code(), rank_, format("one-sided call to rank %d: %s", peer, error.what()));
+  }
+}
+
+void OneSided::signalOnDevice(int peer, int signal) {
+  send(peer, kDeviceSignalFrame, static_cast<uint32_t>(signal), 0, 0, nullptr, 0);
+}
+
+void OneSided::landOnDevice(Link& link, const Window& window, uint64_t offset, uint64_t bytes,
+                            net::Deadline deadline, const std::string& who) {
+  landing_.resize(static_cast<size_t>(std::min<uint64_t>(bytes, kDevicePiece)));
+  for (uint64_t done = 0; done < bytes; done += landing_.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(landing_.size(), bytes - done));
+    link.socket.recvAll(landing_.data(), n, deadline, who);
+    impl_.device->copyNow(window.base + offset + done, landing_.data(), n);
+  }
+}
+
 bool OneSided::hasWindow(uint64_t id) const {
   std::lock_guard<std::mutex> lock(windowsMutex_);
   return windows_.count(id) != 0;
@@ -462,13 +526,22 @@ void OneSided::readFrame(int peer) {
       fenced_.notify_all();
       return;
     }
-    case kPutFrame: {
+    case kPutFrame:
+    case kDevicePutFrame: {
       const net::Deadline deadline = deadlineAfter(impl_.timeout());
       {
         std::lock_guard<std::mutex> lock(windowsMutex_);
         auto found = windows_.find(frame.window);
-        if (found != windows_.end() && frame.offset <= found->second->bytes &&
+        const bool onDevice = frame.kind == kDevicePutFrame;
+        if (found != windows_.end() && found->second->onDevice == onDevice &&
+            frame.offset <= found->second->bytes &&
             frame.bytes <= found->second->bytes - frame.offset) {
+          if (onDevice) {
+            landOnDevice(link, *found->second, frame.offset, frame.bytes, deadline, who);
+            if (frame.signal != kNoSignal && deviceRaise_)
+              deviceRaise_(peer, static_cast<int>(frame.signal));
+            return;
+          }
           if (frame.bytes > 0)
             link.socket.recvAll(found->second->base + frame.offset, frame.bytes, deadline, who);
           break;
@@ -489,6 +562,12 @@ void OneSided::readFrame(int peer) {
     }
     case kSignalFrame:
       break;
+    case kDeviceSignalFrame: {
+      std::lock_guard<std::mutex> lock(windowsMutex_);
+      if (deviceRaise_ && frame.signal < static_cast<uint32_t>(kSignals))
+        deviceRaise_(peer, static_cast<int>(frame.signal));
+      return;
+    }
     default:
       throw Error(ErrorCode::Internal, format("a frame of kind %u", frame.kind));
   }

@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,28 @@ class OneSided {
   // call has landed, forgets it.
   void removeWindow(uint64_t id);
   bool hasWindow(uint64_t id) const;
+
+  // Device windows (device_one_sided.h) take puts from staged peers here:
+  // this rank's part of window `id` (device memory) receives their bytes
+  // (copied in by the thread that reads them), and `raise(source, signal)`
+  // raises their signals on the device. Not collective; removeWindow()
+  // forgets it as it does a host window.
+  void addDeviceWindow(uint64_t id, std::byte* base, size_t bytes);
+  // Not collective: forgets window `id` whose registration failed everywhere.
+  void forgetWindow(uint64_t id);
+  // Where staged peers' device signals are raised; null stops raising them.
+  void setDeviceRaise(std::function<void(int source, int signal)> raise);
+  // Whether `peer` is reached through a socket (and so can take device puts
+  // that way).
+  bool staged(int peer) const { return links_[static_cast<size_t>(peer)] != nullptr; }
+  // A staged put into `peer`'s part of device window `window`: `bytes` of
+  // device memory at `source`, copied out piece by piece and sent; then
+  // `signal` (-1: none) raised on the peer's device board. signalOnDevice()
+  // raises one alone. Per pair, in order with every staged call.
+  // REQUIRES: staged(peer), arguments checked.
+  void putFromDevice(const void* source, size_t bytes, int peer, uint64_t window, size_t offset,
+                     int signal);
+  void signalOnDevice(int peer, int signal);
   // The size of `peer`'s part of window `id`. REQUIRES: hasWindow(id).
   size_t windowBytes(uint64_t id, int peer) const;
 
@@ -79,6 +102,10 @@ class OneSided {
             const void* bytes, size_t length);
   void serveLinks();
   void readFrame(int peer);
+  // A staged put into a device window: its bytes into the window through
+  // a staging buffer, then its signal (windowsMutex_ held).
+  void landOnDevice(Link& link, const Window& window, uint64_t offset, uint64_t bytes,
+                    net::Deadline deadline, const std::string& who);
   void ring(Board& board);
 
   Communicator::Impl& impl_;
@@ -91,7 +118,9 @@ class OneSided {
   std::vector<uint64_t> consumed_;              // per (source, signal): counts waited for
 
   std::map<uint64_t, std::unique_ptr<Window>> windows_;
-  mutable std::mutex windowsMutex_;  // guards windows_ against the link thread
+  std::function<void(int, int)> deviceRaise_;
+  std::vector<std::byte> landing_;   // the link thread's staging for device windows
+  mutable std::mutex windowsMutex_;  // guards windows_ and deviceRaise_ against the link thread
 
   std::vector<std::unique_ptr<Link>> links_;  // by rank; null but for staged peers
   uint64_t removals_ = 0;                     // removeWindow() calls

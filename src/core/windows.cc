@@ -132,17 +132,27 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
                                  deadlineAfter(impl.timeout()),
                                  impl.device,
                                  impl.deviceIndex};
-    std::vector<transport::PeerWindow> ranks =
-        transport::mapWindow(setup, impl.wiring, buffer, bytes);
-    if (!impl.deviceSignals) {
-      try {
-        impl.deviceSignals = std::make_unique<DeviceSignals>(impl);
-      } catch (...) {
-        transport::unmapWindow(*impl.device, ranks, bytes);
-        throw;
+    // Peers that do not map the window put into it through the host
+    // windows' sockets, as soon as their registration returns.
+    if (!impl.oneSided) impl.oneSided = std::make_unique<OneSided>(impl);
+    const uint64_t id = impl.nextWindow;
+    impl.oneSided->addDeviceWindow(id, static_cast<std::byte*>(buffer), bytes);
+    std::vector<transport::PeerWindow> ranks;
+    try {
+      ranks = transport::mapWindow(setup, impl.wiring, buffer, bytes);
+      if (!impl.deviceSignals) {
+        try {
+          impl.deviceSignals = std::make_unique<DeviceSignals>(impl, *impl.oneSided);
+        } catch (...) {
+          transport::unmapWindow(*impl.device, ranks, bytes);
+          throw;
+        }
       }
+    } catch (...) {
+      impl.oneSided->forgetWindow(id);
+      throw;
     }
-    const uint64_t id = impl.nextWindow++;
+    ++impl.nextWindow;
     impl.windows.emplace_back(id, static_cast<std::byte*>(buffer), bytes, std::move(ranks),
                               *impl.device);
     return Window{id};
@@ -160,27 +170,27 @@ void Communicator::deregisterWindow(Window window) {
   Impl& impl = usable(impl_.get(), "deregisterWindow");
   auto found = std::find_if(impl.windows.begin(), impl.windows.end(),
                             [&](const RegisteredWindow& w) { return w.id() == window.id; });
-  const bool host = impl.oneSided && impl.oneSided->hasWindow(window.id);
+  const bool device = found != impl.windows.end();
+  // Host windows, and device windows' part that staged peers put into.
+  const bool staged = impl.oneSided && impl.oneSided->hasWindow(window.id);
   // Every op that may reach into a window runs before the peers unmap it;
   // the agreement after it is also the barrier behind every rank's ops.
   impl.waitForAsyncIdle();
   if (impl.deviceExecutor) impl.deviceExecutor->waitIdle();
   agreeOnArguments(impl, "deregisterWindow",
-                   found != impl.windows.end() || host
+                   device || staged
                        ? ""
                        : format("window %llu was not registered with this communicator (or was "
                                 "deregistered already)",
                                 static_cast<unsigned long long>(window.id)));
-  if (!host) {
-    impl.windows.erase(found);
-    return;
-  }
   try {
-    impl.oneSided->removeWindow(window.id);
+    if (staged) impl.oneSided->removeWindow(window.id);
   } catch (const Error& error) {
     impl.recordFailure(error);
+    if (device) impl.windows.erase(found);
     throw;
   }
+  if (device) impl.windows.erase(found);
 }
 
 namespace {
@@ -231,14 +241,14 @@ DeviceSignals& deviceSignalsFor(Communicator::Impl& impl, const char* op, const 
   return *impl.deviceSignals;
 }
 
-// A device signal's peer must map this rank's board.
+// A device one-sided call's peer maps this rank's board, or has a socket
+// for one-sided calls with it.
 void checkDevicePeer(const Communicator::Impl& impl, const ArgumentCheck& check, const char* name,
                      int peer) {
   if (impl.deviceSignals && !impl.deviceSignals->reaches(peer))
     check.reject(
-        format("argument '%s' is %d, a rank that does not map this rank's device windows "
-               "(another host, or a pair staged over the network): one-sided calls on "
-               "device windows reach the ranks of this host",
+        format("argument '%s' is %d, a rank that neither maps this rank's device "
+               "windows nor has a socket for one-sided calls with it",
                name, peer));
 }
 
@@ -289,9 +299,10 @@ Work Communicator::put(const void* source, size_t count, DataType type, int peer
                  "stream-ordered: pass a device stream (Stream::cuda)",
                  static_cast<unsigned long long>(window.id)));
     checkDevicePeer(impl, check, "peer", peer);
-    std::byte* target = onDevice->at(peer, onDevice->base() + offset, bytes);
+    std::byte* target = onDevice->at(peer, onDevice->base() + offset, bytes);  // null: staged
     DeviceSignals& signals = deviceSignalsFor(impl, "put", stream);
-    return signals.put(source, target, bytes, peer, signal, stream.deviceStream());
+    return signals.put(source, target, bytes, peer, window.id, offset, signal,
+                       stream.deviceStream());
   }
   // Host windows: the call runs in this thread, whatever the stream.
   OneSided& oneSided = oneSidedFor(impl, "put");

@@ -253,7 +253,8 @@ void DeviceExecutor::failEnqueue(Op op, device::StreamHandle stream, const std::
 void DeviceExecutor::enqueueOneSided(const OpInfo& info, device::StreamHandle stream, void* dst,
                                      const void* src, size_t bytes,
                                      const std::vector<device::FlagOp>& flags,
-                                     std::vector<BoardWait> waits, Done done) {
+                                     std::vector<BoardWait> waits, Done done,
+                                     device::EventHandle reached) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_) throw *failure_;
   Op op;
@@ -264,6 +265,7 @@ void DeviceExecutor::enqueueOneSided(const OpInfo& info, device::StreamHandle st
   op.boardWaits = std::move(waits);
   try {
     device_.record(op.begin, stream);
+    if (reached) device_.record(reached, stream);
     if (bytes > 0) device_.copy(stream, dst, src, bytes);
     std::vector<device::FlagOp> all = flags;
     for (const BoardWait& wait : op.boardWaits)
@@ -275,6 +277,13 @@ void DeviceExecutor::enqueueOneSided(const OpInfo& info, device::StreamHandle st
   }
   op.done = std::move(done);
   ops_.push_back(std::move(op));
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void DeviceExecutor::failWith(const Error& error, int blamed) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  failAll(error, blamed, transport::GiveUpReason::Failed);
   lock.unlock();
   changed_.notify_all();
 }

@@ -127,7 +127,8 @@ class DeviceExecutor {
 
   // A wait of one-sided work: the stream waits until `flag`, this rank's
   // counter of the raises of signal `signal` by rank `peer`, reaches
-  // `value` (cyclically).
+  // `value` (cyclically). Signal -1: the flag counts this rank's calls to
+  // `peer` sent through the network so far.
   struct BoardWait {
     uint32_t* flag = nullptr;
     uint32_t value = 0;
@@ -140,11 +141,17 @@ class DeviceExecutor {
   // after the ops before it, `done` once the stream passed it. It fails
   // past the timeout naming the signal its stream waits for, or when that
   // peer leaves; a failure releases its waits (their values written from
-  // the host). Throws the sticky error when the executor failed earlier
-  // (nothing is enqueued then).
+  // the host). `reached`, when not null, is recorded once the stream
+  // reached the work. Throws the sticky error when the executor failed
+  // earlier (nothing is enqueued then).
   void enqueueOneSided(const OpInfo& info, device::StreamHandle stream, void* dst, const void* src,
                        size_t bytes, const std::vector<device::FlagOp>& flags,
-                       std::vector<BoardWait> waits, Done done);
+                       std::vector<BoardWait> waits, Done done,
+                       device::EventHandle reached = nullptr);
+  // Fails every outstanding op with `error`, blaming `blamed`: for work
+  // done beside the device (a one-sided call sent through the network)
+  // that failed.
+  void failWith(const Error& error, int blamed);
   // The graph FIFOs: made by the communicator (collectively, at its
   // creation), of the ordinary FIFOs' shape, so that every plan fits them.
   bool hasGraphFifos();

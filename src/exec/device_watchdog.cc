@@ -118,8 +118,13 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     const uint32_t raised = device_.readFlagNow(wait.flag);
     if (device::passes(raised, wait.value, device::Compare::GreaterOrEqual)) continue;
     peer = wait.peer;
-    where = format("waiting for signal %d from rank %d (%d more raises to come)", wait.signal,
-                   wait.peer, static_cast<int32_t>(wait.value - raised));
+    where = wait.signal < 0
+                ? format(
+                      "waiting to send a put or signal to rank %d through the "
+                      "network (%d calls before it)",
+                      wait.peer, static_cast<int32_t>(wait.value - raised) - 1)
+                : format("waiting for signal %d from rank %d (%d more raises to come)", wait.signal,
+                         wait.peer, static_cast<int32_t>(wait.value - raised));
     break;
   }
   for (const Op::Wait& wait : head.waits) {
@@ -194,12 +199,12 @@ std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) 
       *blamed = peer;
       return Error(ErrorCode::RemoteError,
                    format("braid rank %d: %s on the device: peer %d %s while this rank waits "
-                          "for its signal %d",
+                          "%s",
                           rank_, head.info.describe().c_str(), peer,
                           goodbye ? "destroyed its communicator"
-                                  : "closed its connection (it "
-                                    "exited or died)",
-                          wait.signal));
+                                  : "closed its connection (it exited or died)",
+                          wait.signal < 0 ? "to send to it"
+                                          : format("for its signal %d", wait.signal).c_str()));
     }
   for (const auto& [peer, goodbye] : departed_)
     for (const Op::Target& target : head.targets) {
