@@ -269,6 +269,28 @@ BRAID_NCCL_API(ncclResult_t, MemFree, (void* ptr));
 BRAID_NCCL_API(ncclResult_t, GetVersion, (int* version));
 BRAID_NCCL_API(ncclResult_t, GetUniqueId, (ncclUniqueId * uniqueId));
 
+/* Encryption of the library's TCP sockets, process-wide (2.32). braid does
+ * not encrypt its sockets: a pre-shared key is refused with
+ * ncclInvalidUsage, as by an NCCL built without TLS; mode NONE (plaintext)
+ * is accepted. */
+typedef enum {
+  NCCL_ENCRYPTION_MODE_NONE = 0, /* plaintext */
+  NCCL_ENCRYPTION_MODE_PSK = 1   /* TLS with a pre-shared key */
+} ncclEncryptionMode_t;
+typedef struct ncclEncryptionConfig_v23200 {
+  size_t size; /* set by NCCL_ENCRYPTION_CONFIG_INITIALIZER */
+  unsigned int magic;
+  unsigned int version;
+  int mode;        /* an ncclEncryptionMode_t */
+  const char* psk; /* the key, for NCCL_ENCRYPTION_MODE_PSK */
+} ncclEncryptionConfig_t;
+#define NCCL_ENCRYPTION_CONFIG_INITIALIZER                                                        \
+  {                                                                                               \
+    sizeof(ncclEncryptionConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_ENCRYPTION_MODE_NONE, \
+        NCCL_CONFIG_UNDEF_PTR                                                                     \
+  }
+BRAID_NCCL_API(ncclResult_t, SetEncryption, (const ncclEncryptionConfig_t* config));
+
 /* Communicators. Every rank calls an init with the same id and nranks and
  * its own rank; inside ncclGroupStart/End, several inits of one process run
  * together (one process driving several ranks). */
