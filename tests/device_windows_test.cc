@@ -7,6 +7,8 @@
 // emulated device everywhere, and on CUDA where a GPU is present (an
 // instance whose device is missing skips, saying why).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -459,6 +461,34 @@ TEST_P(Windows, AnUnansweredWaitTimesOutNamingTheSignal) {
           stream.synchronize();  // released
         } else {
           std::this_thread::sleep_for(std::chrono::seconds(4));
+        }
+      },
+      run);
+}
+
+// A peer that dies fails a wait on the stream for its signal, naming it,
+// and releases the stream; the communicator stays failed.
+TEST_P(Windows, APeerThatDiesFailsAWaitForItsSignalNamingIt) {
+  RunOptions run = options();
+  run.killed = {1};
+  run.deadline = std::chrono::seconds(60);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        TestWindow window(comm, 4096);
+        TestStream stream(comm.device());
+        DeviceBuffer source(comm.device(), 64);
+        comm.barrier();
+        if (comm.rank() == 1) ::kill(::getpid(), SIGKILL);
+        const SignalWait wait{1, 0, 1};
+        Work waited = comm.waitSignals(&wait, 1, stream.stream());
+        requireError([&] { waited.wait(); }, ErrorCode::RemoteError, "peer 1");
+        stream.synchronize();  // released
+        try {
+          comm.put(source.data(), 8, DataType::Uint8, 1, window.handle(), 0, 0, stream.stream())
+              .wait();
+          require(false, "a put to a dead rank on a failed communicator succeeded");
+        } catch (const Error&) {
         }
       },
       run);
