@@ -129,6 +129,12 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
 
 Communicator::Impl::~Impl() {
   diagnose::remove(this);
+  // Device ops may wait for what the device windows' proxy sends: it stops
+  // once they are done, before the executor goes.
+  if (deviceSignals) {
+    if (deviceExecutor) deviceExecutor->waitIdle();
+    deviceSignals->stopProxy();
+  }
   deviceExecutor.reset();  // waits for the device work in flight
   if (!group.empty())
     dropGroup(Error(ErrorCode::Aborted,

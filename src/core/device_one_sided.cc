@@ -44,12 +44,7 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
 
 DeviceSignals::~DeviceSignals() {
   staged_.setDeviceRaise(nullptr);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  if (proxy_.joinable()) proxy_.join();
+  stopProxy();
   try {
     for (device::EventHandle event : freeEvents_) impl_.device->destroyEvent(event);
     transport::unmapWindow(*impl_.device, boards_, bytes_);
@@ -57,6 +52,15 @@ DeviceSignals::~DeviceSignals() {
   } catch (const Error& error) {  // a broken device: nothing more to do about it
     BRAID_WARN(Exec, "freeing the device signal board failed: %s", error.what());
   }
+}
+
+void DeviceSignals::stopProxy() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (proxy_.joinable()) proxy_.join();
 }
 
 bool DeviceSignals::reaches(int peer) const {

@@ -51,6 +51,11 @@ class DeviceSignals {
   DeviceSignals(const DeviceSignals&) = delete;
   DeviceSignals& operator=(const DeviceSignals&) = delete;
 
+  // Stops the proxy thread once it has sent what is queued (skipped, once
+  // the communicator failed). The device ops must be done: none waits for
+  // it any more.
+  void stopProxy();
+
   // Whether this rank can put to `peer` and raise its signals.
   bool reaches(int peer) const;
   size_t boardBytes() const { return bytes_; }
