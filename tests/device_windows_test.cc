@@ -41,10 +41,14 @@ class TestWindow {
   ~TestWindow() {
     try {
       comm_.deregisterWindow(window_);
-    } catch (const Error&) {  // a failed communicator: its mappings go with it
+    } catch (const Error&) {
+      if (!communicatorFails_) throw;  // (terminates: the test fails loudly)
+      // A failed communicator: its mappings go with it.
     }
     device::current()->free(base_);
   }
+  // The test fails the communicator: deregistration may throw.
+  void expectFailure() { communicatorFails_ = true; }
   TestWindow(const TestWindow&) = delete;
   TestWindow& operator=(const TestWindow&) = delete;
 
@@ -57,6 +61,7 @@ class TestWindow {
   size_t bytes_;
   std::byte* base_;
   Window window_;
+  bool communicatorFails_ = false;
 };
 
 // The case on buffers at the window's start (send, then recv 4 KiB on).
@@ -382,7 +387,7 @@ TEST_P(Windows, PutsWithSignalsLandInThePeersWindowsInStreamOrderAt3Ranks) {
         const size_t most = size_t{1} << 20;
         TestWindow window(comm, most * static_cast<size_t>(n));
         TestStream stream(comm.device());
-        DeviceBuffer source(comm.device(), most);
+        DeviceBuffer source(comm.device(), most), decoy(comm.device(), most);
         std::vector<uint8_t> mine(most);
         int round = 0;
         for (size_t block : {size_t{8}, size_t{4097}, most}) {
@@ -390,13 +395,19 @@ TEST_P(Windows, PutsWithSignalsLandInThePeersWindowsInStreamOrderAt3Ranks) {
           for (size_t i = 0; i < block; ++i) mine[i] = pattern(r, round, i);
           device::current()->copyNow(source.data(), mine.data(), block);
           const int signal = round % 2;
+          // First a decoy into every block, then the pattern over it: the
+          // second put of a pair lands last.
+          for (size_t i = 0; i < block; ++i) mine[i] = static_cast<uint8_t>(~pattern(r, round, i));
+          device::current()->copyNow(decoy.data(), mine.data(), block);
           for (int k = 0; k < n; ++k) {
             const int peer = (r + k) % n;
+            comm.put(decoy.data(), block, DataType::Uint8, peer, window.handle(),
+                     static_cast<size_t>(r) * block, signal, stream.stream());
             comm.put(source.data(), block, DataType::Uint8, peer, window.handle(),
                      static_cast<size_t>(r) * block, signal, stream.stream());
           }
           std::vector<SignalWait> waits;
-          for (int from = 0; from < n; ++from) waits.push_back({from, signal, 1});
+          for (int from = 0; from < n; ++from) waits.push_back({from, signal, 2});
           comm.waitSignals(waits.data(), waits.size(), stream.stream()).wait();
           stream.synchronize();
           std::vector<uint8_t> got(block * static_cast<size_t>(n));
@@ -444,7 +455,8 @@ TEST_P(Windows, AWaitHoldsTheStreamUntilThePeerSignals) {
 }
 
 // A wait nobody answers fails past the communicator's timeout, naming the
-// signal and the rank it waits for, and releases the stream.
+// signal and the rank it waits for, and releases the stream. (Rank 0, with
+// a long timeout of its own, waits too, until rank 1 gives up.)
 TEST_P(Windows, AnUnansweredWaitTimesOutNamingTheSignal) {
   RunOptions run = options();
   run.config.timeout = std::chrono::milliseconds(1500);
@@ -452,16 +464,20 @@ TEST_P(Windows, AnUnansweredWaitTimesOutNamingTheSignal) {
       2,
       [](Communicator& comm) {
         TestWindow window(comm, 4096);
+        window.expectFailure();
         TestStream stream(comm.device());
         if (comm.rank() == 1) {
           const SignalWait wait{0, 3, 1};
           Work waited = comm.waitSignals(&wait, 1, stream.stream());
           requireError([&] { waited.wait(); }, ErrorCode::Timeout,
                        "waiting for signal 3 from rank 0");
-          stream.synchronize();  // released
         } else {
-          std::this_thread::sleep_for(std::chrono::seconds(4));
+          comm.setTimeout(std::chrono::seconds(60));
+          const SignalWait wait{1, 3, 1};
+          Work waited = comm.waitSignals(&wait, 1, stream.stream());
+          requireError([&] { waited.wait(); }, ErrorCode::Timeout, "peer 1 gave up");
         }
+        stream.synchronize();  // released
       },
       run);
 }
@@ -476,6 +492,7 @@ TEST_P(Windows, APeerThatDiesFailsAWaitForItsSignalNamingIt) {
       2,
       [](Communicator& comm) {
         TestWindow window(comm, 4096);
+        window.expectFailure();
         TestStream stream(comm.device());
         DeviceBuffer source(comm.device(), 64);
         comm.barrier();
@@ -532,10 +549,21 @@ TEST_P(Windows, BadDeviceOneSidedCallsAreRefusedAndTheCommunicatorGoesOn) {
         requireError([&] { comm.signal(peer, 0, stream.stream()); }, ErrorCode::InvalidUsage,
                      "captured into a CUDA graph");
         device.destroyGraph(device.endCapture(stream.handle()));
-        // Nothing was raised or counted: one put and one wait pair up.
-        comm.put(source.data(), 8, DataType::Uint8, peer, handle, 0, 1, stream.stream());
-        const SignalWait one{peer, 1, 1};
+        // Nothing was raised or counted: one put and one wait pair up, and
+        // a second wait finds nothing left until the peer signals again.
+        comm.put(source.data(), 8, DataType::Uint8, peer, handle, 0, 0, stream.stream());
+        const SignalWait one{peer, 0, 1};
         comm.waitSignals(&one, 1, stream.stream()).wait();
+        if (comm.rank() == 0) {
+          Work second = comm.waitSignals(&one, 1, stream.stream());
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          require(!second.test(), "a signal was counted twice, or a refused call counted one");
+          comm.barrier();
+          second.wait();
+        } else {  // (its signal after a wait of its own would queue behind it)
+          comm.barrier();
+          comm.signal(peer, 0, stream.stream());
+        }
         stream.synchronize();
       },
       options());

@@ -1,5 +1,7 @@
 #include "core/device_one_sided.h"
 
+#include <optional>
+
 #include "core/communicator_impl.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -9,8 +11,10 @@ namespace braid {
 namespace {
 
 // How long the proxy sleeps between looks at a stream it waits to reach a
-// staged call (a network send takes longer).
+// staged call, at first (a network send takes longer), and at most (the
+// stream may be held by a wait for long).
 constexpr auto kProxyTurn = std::chrono::microseconds(20);
+constexpr auto kLongestProxyTurn = std::chrono::microseconds(1000);
 
 }  // namespace
 
@@ -23,10 +27,35 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
       consumed_(static_cast<size_t>(impl.nranks) * kSignals),
       stagedRaised_(static_cast<size_t>(impl.nranks) * kSignals) {
   device::Device& device = *impl.device;
-  board_ = static_cast<std::byte*>(device.allocate(impl.deviceIndex, bytes_));
+  // Every rank's board is made, or none is kept: a rank that cannot make
+  // its own says so before any rank maps one.
+  std::optional<Error> failed;
   try {
+    board_ = static_cast<std::byte*>(device.allocate(impl.deviceIndex, bytes_));
     const std::vector<uint32_t> zeros(bytes_ / sizeof(uint32_t));
     device.copyNow(board_, zeros.data(), bytes_);
+  } catch (const Error& error) {
+    failed = error;
+  }
+  std::vector<uint8_t> made(static_cast<size_t>(impl.nranks));
+  made[static_cast<size_t>(impl.rank)] = !failed;
+  try {
+    impl.bootstrap->allGather(made.data(), 1, deadlineAfter(impl.timeout()));
+  } catch (...) {
+    if (board_) device.free(board_);
+    throw;
+  }
+  for (int r = 0; r < impl.nranks; ++r) {
+    if (made[static_cast<size_t>(r)]) continue;
+    if (board_) device.free(board_);
+    if (r == impl.rank) throw *failed;
+    throw Error(ErrorCode::SystemError,
+                format("rank %d could not make its device signal board", r));
+  }
+  // Staged peers may raise signals as soon as they return from the mapping
+  // below, before it returns here.
+  staged_.setDeviceRaise([this](int source, int signal) { raiseStaged(source, signal); });
+  try {
     const transport::Setup setup{*impl.bootstrap,
                                  impl.knobs,
                                  impl.knobs.deviceSlotBytes,
@@ -36,10 +65,10 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
                                  impl.deviceIndex};
     boards_ = transport::mapWindow(setup, impl.wiring, board_, bytes_);
   } catch (...) {
+    staged_.setDeviceRaise(nullptr);
     device.free(board_);
     throw;
   }
-  staged_.setDeviceRaise([this](int source, int signal) { raiseStaged(source, signal); });
 }
 
 DeviceSignals::~DeviceSignals() {
@@ -97,11 +126,12 @@ Work DeviceSignals::put(const void* source, std::byte* target, size_t bytes, int
   if (!target)
     return stage({nullptr, source, bytes, peer, window, offset, signal, false, 0}, stream);
   std::vector<device::FlagOp> flags;
-  if (signal >= 0) {
-    uint32_t& raised = raised_[static_cast<size_t>(peer) * kSignals + signal];
-    flags.push_back(device::FlagOp::write(slot(peer, impl_.rank, signal), ++raised));
-  }
-  return enqueue("put", peer, bytes, source, target, bytes, flags, {}, stream);
+  uint32_t* raised =
+      signal >= 0 ? &raised_[static_cast<size_t>(peer) * kSignals + signal] : nullptr;
+  if (raised) flags.push_back(device::FlagOp::write(slot(peer, impl_.rank, signal), *raised + 1));
+  Work work = enqueue("put", peer, bytes, source, target, bytes, flags, {}, stream);
+  if (raised) ++*raised;  // (counted once enqueued: a refused call counts nothing)
+  return work;
 }
 
 Work DeviceSignals::signal(int peer, int signal, void* stream) {
@@ -109,8 +139,10 @@ Work DeviceSignals::signal(int peer, int signal, void* stream) {
     return stage({nullptr, nullptr, 0, peer, 0, 0, signal, true, 0}, stream);
   uint32_t& raised = raised_[static_cast<size_t>(peer) * kSignals + signal];
   const std::vector<device::FlagOp> flags{
-      device::FlagOp::write(slot(peer, impl_.rank, signal), ++raised)};
-  return enqueue("signal", peer, 1, nullptr, nullptr, 0, flags, {}, stream);
+      device::FlagOp::write(slot(peer, impl_.rank, signal), raised + 1)};
+  Work work = enqueue("signal", peer, 1, nullptr, nullptr, 0, flags, {}, stream);
+  ++raised;
+  return work;
 }
 
 Work DeviceSignals::wait(const SignalWait* waits, size_t count, void* stream) {
@@ -118,13 +150,21 @@ Work DeviceSignals::wait(const SignalWait* waits, size_t count, void* stream) {
   size_t raises = 0;
   for (size_t i = 0; i < count; ++i) {
     const SignalWait& w = waits[i];
-    uint32_t& consumed = consumed_[static_cast<size_t>(w.peer) * kSignals + w.signal];
-    consumed += static_cast<uint32_t>(w.count);
+    const uint32_t consumed = consumed_[static_cast<size_t>(w.peer) * kSignals + w.signal];
     raises += w.count;
-    boardWaits.push_back({slot(impl_.rank, w.peer, w.signal), consumed, w.peer, w.signal});
+    // A staged source's raises come through its socket: it has left only
+    // once that is read to its end.
+    boardWaits.push_back(
+        {slot(impl_.rank, w.peer, w.signal), consumed + static_cast<uint32_t>(w.count), w.peer,
+         w.signal,
+         boards_[static_cast<size_t>(w.peer)].base ? nullptr : staged_.linkClosed(w.peer)});
   }
-  return enqueue("waitSignals", count == 1 ? waits[0].peer : -1, raises, nullptr, nullptr, 0, {},
-                 std::move(boardWaits), stream);
+  Work work = enqueue("waitSignals", count == 1 ? waits[0].peer : -1, raises, nullptr, nullptr, 0,
+                      {}, std::move(boardWaits), stream);
+  for (size_t i = 0; i < count; ++i)
+    consumed_[static_cast<size_t>(waits[i].peer) * kSignals + waits[i].signal] +=
+        static_cast<uint32_t>(waits[i].count);
+  return work;
 }
 
 Work DeviceSignals::stage(Staged call, void* stream) {
@@ -172,11 +212,20 @@ void DeviceSignals::proxy() {
     changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;
     const Staged call = queue_.front();
+    const bool stopping = stopping_;
     lock.unlock();
     try {
       // Once the stream reached the call, its source is ready (the
-      // executor's ops before it finished; a failed one was released).
-      while (!device.query(call.reached)) std::this_thread::sleep_for(kProxyTurn);
+      // executor's ops before it finished; a failed one was released). A
+      // failed communicator sends nothing more: the ticket alone releases
+      // the stream (no wait for a stream that may never get there once the
+      // communicator is going).
+      auto turn = kProxyTurn;
+      while (!device.query(call.reached)) {
+        if (stopping && impl_.failed.load(std::memory_order_acquire)) break;
+        std::this_thread::sleep_for(turn);
+        turn = std::min<std::chrono::microseconds>(turn * 2, kLongestProxyTurn);
+      }
       if (!impl_.failed.load(std::memory_order_acquire)) {
         if (call.signalOnly)
           staged_.signalOnDevice(call.peer, call.signal);
@@ -184,8 +233,15 @@ void DeviceSignals::proxy() {
           staged_.putFromDevice(call.source, call.bytes, call.peer, call.window, call.offset,
                                 call.signal);
       }
-    } catch (const Error& error) {
-      impl_.deviceExecutor->failWith(error, call.peer);
+    } catch (const std::exception& error) {
+      // The peer is to blame when the connection to it failed; else this rank.
+      const auto* known = dynamic_cast<const Error*>(&error);
+      const bool peers =
+          known && (known->code() == ErrorCode::RemoteError || known->code() == ErrorCode::Timeout);
+      impl_.deviceExecutor->failWith(Error(known ? known->code() : ErrorCode::Internal,
+                                           format("braid rank %d: a one-sided call to rank %d: %s",
+                                                  impl_.rank, call.peer, error.what())),
+                                     peers ? call.peer : -1);
     }
     try {
       device.writeFlagNow(sentFlag(), call.ticket);

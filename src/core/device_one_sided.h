@@ -58,6 +58,9 @@ class DeviceSignals {
 
   // Whether this rank can put to `peer` and raise its signals.
   bool reaches(int peer) const;
+  // Whether it does so directly (`peer` maps this rank's board), not
+  // through the proxy.
+  bool mapped(int peer) const { return boards_[static_cast<size_t>(peer)].base != nullptr; }
   size_t boardBytes() const { return bytes_; }
 
   // REQUIRES: arguments checked: reaches(peer); `target` is `bytes` of

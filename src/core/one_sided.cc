@@ -332,6 +332,11 @@ void OneSided::addDeviceWindow(uint64_t id, std::byte* base, size_t bytes) {
   windows_[id] = std::move(made);
 }
 
+const std::atomic<bool>* OneSided::linkClosed(int peer) const {
+  const Link* link = links_[static_cast<size_t>(peer)].get();
+  return link ? &link->closed : nullptr;
+}
+
 void OneSided::forgetWindow(uint64_t id) {
   std::lock_guard<std::mutex> lock(windowsMutex_);
   windows_.erase(id);
@@ -354,6 +359,9 @@ void OneSided::putFromDevice(const void* source, size_t bytes, int peer, uint64_
   try {
     link.socket.sendAll(&frame, sizeof frame, deadline, who);
     for (size_t done = 0; done < bytes; done += piece.size()) {
+      // The caller may free the source once its communicator failed.
+      if (impl_.failed.load(std::memory_order_acquire))
+        throw Error(ErrorCode::Aborted, "the communicator failed during the put");
       const size_t n = std::min(piece.size(), bytes - done);
       impl_.device->copyNow(piece.data(), static_cast<const std::byte*>(source) + done, n);
       link.socket.sendAll(piece.data(), n, deadline, who);

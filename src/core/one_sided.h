@@ -69,6 +69,8 @@ class OneSided {
   // Whether `peer` is reached through a socket (and so can take device puts
   // that way).
   bool staged(int peer) const { return links_[static_cast<size_t>(peer)] != nullptr; }
+  // True once `peer`'s socket was read to its end (null: not staged).
+  const std::atomic<bool>* linkClosed(int peer) const;
   // A staged put into `peer`'s part of device window `window`: `bytes` of
   // device memory at `source`, copied out piece by piece and sent; then
   // `signal` (-1: none) raised on the peer's device board. signalOnDevice()

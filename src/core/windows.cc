@@ -300,6 +300,12 @@ Work Communicator::put(const void* source, size_t count, DataType type, int peer
                  static_cast<unsigned long long>(window.id)));
     checkDevicePeer(impl, check, "peer", peer);
     std::byte* target = onDevice->at(peer, onDevice->base() + offset, bytes);  // null: staged
+    // A pair's calls take one path, so that they land in issue order.
+    if (!target && impl.deviceSignals && impl.deviceSignals->mapped(peer))
+      check.reject(
+          format("argument 'window': rank %d maps this rank's device memory, but not "
+                 "window %llu (not memory from braid's allocator, ncclMemAlloc)",
+                 peer, static_cast<unsigned long long>(window.id)));
     DeviceSignals& signals = deviceSignalsFor(impl, "put", stream);
     return signals.put(source, target, bytes, peer, window.id, offset, signal,
                        stream.deviceStream());

@@ -134,6 +134,10 @@ class DeviceExecutor {
     uint32_t value = 0;
     int peer = -1;
     int signal = 0;
+    // Non-null: `peer` raises the flag through a connection of its own,
+    // read to its end once this is true; until then its departure says
+    // nothing about raises still on their way.
+    const std::atomic<bool>* drained = nullptr;
   };
   // One-sided work on device windows (Communicator::put, signal and
   // waitSignals): a copy of `bytes` from `src` to `dst` (none when 0), then

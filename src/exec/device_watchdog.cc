@@ -70,8 +70,11 @@ void DeviceExecutor::releaseWaits() {
   }
   ++releaseTurn_;
   // One-sided work's signal waits: their own counters, at their values.
+  // (Not the waits for a staged call to be sent: the proxy alone releases
+  // those, once it no longer reads the call's source.)
   for (const Op& op : ops_)
-    for (const BoardWait& wait : op.boardWaits) device_.writeFlagNow(wait.flag, wait.value);
+    for (const BoardWait& wait : op.boardWaits)
+      if (wait.signal >= 0) device_.writeFlagNow(wait.flag, wait.value);
 }
 
 void DeviceExecutor::releaseGraphWaits() { device_.writeFlagNow(graphs_.abort, 1); }
@@ -193,8 +196,11 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
 std::optional<Error> DeviceExecutor::checkDeparted(const Op& head, int* blamed) {
   for (const auto& [peer, goodbye] : departed_)
     for (const BoardWait& wait : head.boardWaits) {
-      if (wait.peer != peer || device::passes(device_.readFlagNow(wait.flag), wait.value,
-                                              device::Compare::GreaterOrEqual))
+      // (A wait to send is the proxy's to fail; a staged source's raises
+      // may still be in its connection.)
+      if (wait.peer != peer || wait.signal < 0 || (wait.drained && !wait.drained->load()) ||
+          device::passes(device_.readFlagNow(wait.flag), wait.value,
+                         device::Compare::GreaterOrEqual))
         continue;
       *blamed = peer;
       return Error(ErrorCode::RemoteError,
