@@ -151,6 +151,13 @@ Communicator::Impl::~Impl() {
   if (failed.load(std::memory_order_acquire) && !gaveUp) giveUp(-1);
 }
 
+transport::Setup Communicator::Impl::deviceSetup() const {
+  const transport::Setup setup{
+      *bootstrap, knobs,      knobs.deviceSlotBytes, knobs.deviceSlots, deadlineAfter(timeout()),
+      device,     deviceIndex};
+  return setup;
+}
+
 void Communicator::Impl::setUpDevice(const Lineage* lineage) {
   device = device::current();
   // Every rank or none: a rank without a device keeps the others from
@@ -174,13 +181,7 @@ void Communicator::Impl::setUpDevice(const Lineage* lineage) {
       noDevice = r == rank ? device::unavailableReason()
                            : format("rank %d of this communicator has no device", r);
   if (!noDevice.empty()) return;
-  const transport::Setup setup{*bootstrap,
-                               knobs,
-                               knobs.deviceSlotBytes,
-                               knobs.deviceSlots,
-                               deadlineAfter(knobs.timeout),
-                               device,
-                               deviceIndex};
+  const transport::Setup setup = deviceSetup();
   std::unique_ptr<transport::DeviceTransport> connections;
   try {
     connections = transport::wireDevice(setup, wiring);

@@ -156,6 +156,9 @@ struct Communicator::Impl {
   // Collective: gives the communicator its device and device connections
   // when every rank has a device; else notes why not (noDevice).
   void setUpDevice(const Lineage* lineage);
+  // What device connections and window mappings are made with: the device
+  // FIFOs' shape, and the timeout from now as the deadline.
+  transport::Setup deviceSetup() const;
   // Runs ops together in the calling thread and completes their Work.
   // REQUIRES: the calling thread owns the executor. The progress thread owns
   // it while `outstanding` > 0; the user's thread (one at a time, as for

@@ -56,14 +56,7 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
   // below, before it returns here.
   staged_.setDeviceRaise([this](int source, int signal) { raiseStaged(source, signal); });
   try {
-    const transport::Setup setup{*impl.bootstrap,
-                                 impl.knobs,
-                                 impl.knobs.deviceSlotBytes,
-                                 impl.knobs.deviceSlots,
-                                 deadlineAfter(impl.timeout()),
-                                 impl.device,
-                                 impl.deviceIndex};
-    boards_ = transport::mapWindow(setup, impl.wiring, board_, bytes_);
+    boards_ = transport::mapWindow(impl.deviceSetup(), impl.wiring, board_, bytes_);
   } catch (...) {
     staged_.setDeviceRaise(nullptr);
     device.free(board_);

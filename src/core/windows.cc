@@ -125,13 +125,7 @@ Window Communicator::registerWindow(void* buffer, size_t bytes) {
     if (!impl.deviceExecutor)
       throw Error(ErrorCode::InvalidUsage,
                   format("device buffers cannot be used: %s", impl.noDevice.c_str()));
-    const transport::Setup setup{*impl.bootstrap,
-                                 impl.knobs,
-                                 impl.knobs.deviceSlotBytes,
-                                 impl.knobs.deviceSlots,
-                                 deadlineAfter(impl.timeout()),
-                                 impl.device,
-                                 impl.deviceIndex};
+    const transport::Setup setup = impl.deviceSetup();
     // Peers that do not map the window put into it through the host
     // windows' sockets, as soon as their registration returns.
     if (!impl.oneSided) impl.oneSided = std::make_unique<OneSided>(impl);
