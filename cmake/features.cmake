@@ -5,11 +5,14 @@
 # UCX's headers at build time; libbraid loads libucp at run time, when a
 # communicator first takes ucx); IBVERBS the ibverbs transport
 # (transports/ibverbs: the headers at build time; libibverbs is loaded at run
-# time, and the transport also runs over the tests' fake fabric).
+# time, and the transport also runs over the tests' fake fabric); TLS
+# encrypts braid's TCP sockets when a key is set (OpenSSL 3, libssl-dev:
+# linked, as it is on every Debian system).
 set(BRAID_CUDA AUTO CACHE STRING "CUDA support: AUTO, ON or OFF")
 set(BRAID_UCX AUTO CACHE STRING "UCX transport: AUTO, ON or OFF")
 set(BRAID_IBVERBS AUTO CACHE STRING "InfiniBand verbs transport: AUTO, ON or OFF")
-foreach(opt BRAID_CUDA BRAID_UCX BRAID_IBVERBS)
+set(BRAID_TLS AUTO CACHE STRING "TLS for braid's TCP sockets (OpenSSL 3): AUTO, ON or OFF")
+foreach(opt BRAID_CUDA BRAID_UCX BRAID_IBVERBS BRAID_TLS)
   set_property(CACHE ${opt} PROPERTY STRINGS AUTO ON OFF)
   if(NOT ${opt} MATCHES "^(AUTO|ON|OFF)$")
     message(FATAL_ERROR "${opt} must be AUTO, ON or OFF, not '${${opt}}'")
@@ -24,6 +27,8 @@ function(braid_resolve_feature opt found what)
     set(result 1)
     if(opt STREQUAL "BRAID_CUDA")
       message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the CUDA device")
+    elseif(opt STREQUAL "BRAID_TLS")
+      message(STATUS "braid: ${opt}=${${opt}}: ${what} found: sockets can carry TLS")
     elseif(opt STREQUAL "BRAID_UCX")
       message(STATUS "braid: ${opt}=${${opt}}: ${what} found: building the ucx transport "
         "(libucp loaded at run time)")
@@ -72,7 +77,15 @@ if(NOT BRAID_IBVERBS STREQUAL "OFF")
 endif()
 braid_resolve_feature(BRAID_IBVERBS "${_verbs_found}" "libibverbs (libibverbs-dev)")
 
+set(_tls_found FALSE)
+if(NOT BRAID_TLS STREQUAL "OFF")
+  find_package(OpenSSL 3 QUIET)
+  set(_tls_found ${OpenSSL_FOUND})
+endif()
+braid_resolve_feature(BRAID_TLS "${_tls_found}" "OpenSSL 3 (libssl-dev)")
+
 set(BRAID_FEATURE_DEFINITIONS
   BRAID_HAVE_CUDA=${BRAID_CUDA_ENABLED}
   BRAID_HAVE_UCX=${BRAID_UCX_ENABLED}
-  BRAID_HAVE_IBVERBS=${BRAID_IBVERBS_ENABLED})
+  BRAID_HAVE_IBVERBS=${BRAID_IBVERBS_ENABLED}
+  BRAID_HAVE_TLS=${BRAID_TLS_ENABLED})

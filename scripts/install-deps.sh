@@ -11,6 +11,7 @@ venv=$PWD/.venv
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev  # the ucx transport (BRAID_UCX)
   libibverbs-dev  # the ibverbs transport's headers (BRAID_IBVERBS; libibverbs is loaded at run time)
+  libssl-dev  # TLS on braid's TCP sockets (BRAID_TLS, ncclSetEncryption)
   iproute2 openmpi-bin  # namespace hosts (ip, tc), and mpirun in the launch check across them
   clang libclang-rt-14-dev  # clang and its libFuzzer runtime: scripts/fuzz.sh
   python3-dev python3-pip python3-venv python3-setuptools)  # integrations/torch: its build, its pip install

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 namespace braid {
 
@@ -31,5 +32,17 @@ struct Config {
   // calling thread's current device at init, as NCCL takes it.
   int device = -1;
 };
+
+// Encrypts braid's TCP sockets with TLS 1.3 and a key made from `secret`
+// (at least 32 bytes), for every connection this process makes or takes
+// from then on: the bootstrap's, the tcp transport's, the one-sided
+// links'. An empty secret chooses plaintext, the default. Every process of
+// a job must choose alike before its first communicator;
+// BRAID_SOCKET_KEY_FILE makes the choice from the environment instead.
+// Shared memory, cuda_ipc and what ucx and ibverbs move stay outside.
+// Throws Error(InvalidArgument) for a shorter secret, Error(InvalidUsage)
+// once sockets were made under another choice, or when this build has no
+// TLS (BRAID_TLS).
+void setSocketSecret(std::string_view secret);
 
 }  // namespace braid

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "bootstrap/tls.h"
 #include "braid/error.h"
 #include "core/errors.h"
 
@@ -78,6 +79,14 @@ Socket tryConnect(const Address& to, Deadline deadline, int* errnum) {
   }
   socket.setNonBlocking(false);
   return socket;
+}
+
+// The connection as braid's sockets carry it: itself, or the local end of
+// its TLS tunnel when sockets are encrypted.
+Socket secure(Socket tcp, TlsRole role, const Address& peer) {
+  std::shared_ptr<const TlsKey> key = socketKey();
+  if (!key) return tcp;
+  return tunnel(std::move(tcp), role, std::move(key), peer);
 }
 
 // Calls fn(ifaddrs&) for every interface address that has one.
@@ -293,7 +302,10 @@ Address defaultLocalAddress() {
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     close();
-    fd_ = other.release();
+    fd_ = other.fd_;
+    other.fd_ = -1;
+    tunnel_ = std::move(other.tunnel_);
+    peer_ = other.peer_;
   }
   return *this;
 }
@@ -303,12 +315,20 @@ Socket::~Socket() { close(); }
 int Socket::release() {
   int fd = fd_;
   fd_ = -1;
+  tunnel_.reset();
   return fd;
 }
 
 void Socket::close() {
+  if (fd_ >= 0 && tunnel_) closeTunnelled(fd_, *tunnel_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  tunnel_.reset();
+}
+
+void Socket::attachTunnel(std::shared_ptr<TunnelEnd> end, const Address& peer) {
+  tunnel_ = std::move(end);
+  peer_ = peer;
 }
 
 Socket Socket::connect(const Address& to, Deadline deadline, const std::string& who) {
@@ -318,7 +338,7 @@ Socket Socket::connect(const Address& to, Deadline deadline, const std::string& 
     Socket socket = tryConnect(to, deadline, &errnum);
     if (socket.valid()) {
       socket.setNoDelay();
-      return socket;
+      return secure(std::move(socket), TlsRole::Client, to);
     }
     if (!isRetryableConnectError(errnum)) raiseSystem(format("connect to %s", who.c_str()), errnum);
     auto left = deadline - Clock::now();
@@ -333,8 +353,9 @@ Socket Socket::connect(const Address& to, Deadline deadline, const std::string& 
 Socket Socket::connectOnce(const Address& to, Deadline deadline, int* errnum) {
   *errnum = 0;
   Socket socket = tryConnect(to, deadline, errnum);
-  if (socket.valid()) socket.setNoDelay();
-  return socket;
+  if (!socket.valid()) return socket;
+  socket.setNoDelay();
+  return secure(std::move(socket), TlsRole::Client, to);
 }
 
 void Socket::sendAll(const void* data, size_t bytes, Deadline deadline, const std::string& who) {
@@ -404,6 +425,7 @@ Address Socket::localAddress() const {
 }
 
 Address Socket::peerAddress() const {
+  if (tunnel_) return peer_;
   sockaddr_storage storage{};
   socklen_t length = sizeof(storage);
   if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&storage), &length) != 0)
@@ -433,7 +455,13 @@ Socket Listener::accept(Deadline deadline) {
     if (fd >= 0) {
       Socket socket(fd);
       socket.setNoDelay();
-      return socket;
+      Address peer;
+      try {
+        peer = socket.peerAddress();
+      } catch (const Error&) {
+        continue;  // reset before we took it
+      }
+      return secure(std::move(socket), TlsRole::Server, peer);
     }
     int errnum = errno;
     if (errnum == EAGAIN || errnum == EWOULDBLOCK) {

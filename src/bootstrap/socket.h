@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace braid::net {
@@ -50,16 +51,22 @@ Address routeTo(const Address& remote);
 // that is up and not loopback, else 127.0.0.1.
 Address defaultLocalAddress();
 
+class TunnelEnd;  // tls_tunnel.cc
+
 // An owned, connected stream socket (close on destruction). Blocking calls
 // take a deadline and throw Error(Timeout) past it, Error(RemoteError) when the
 // peer closed or reset the connection; `who` names the peer in messages.
 // Messages from this layer read "braid: <detail>"; a caller that knows its
 // rank may replace that prefix with "braid rank R: ".
+//
+// connect() and Listener::accept() hand each TCP connection to the TLS
+// tunnel when sockets are encrypted (tls.h): the Socket is then the local
+// end that stands for it, and reads and writes as the TCP socket would.
 class Socket {
  public:
   Socket() = default;
   explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& other) noexcept : fd_(other.release()) {}
+  Socket(Socket&& other) noexcept { *this = std::move(other); }
   Socket& operator=(Socket&& other) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -72,7 +79,11 @@ class Socket {
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
+  // Gives up the descriptor (a plaintext socket's: a tunnelled one's is
+  // closed through close(), which sends what it holds first).
   int release();
+  // Closes; a tunnelled socket first waits (at most a second) until what
+  // was written to it has left on the TCP connection.
   void close();
 
   void sendAll(const void* data, size_t bytes, Deadline deadline, const std::string& who);
@@ -80,10 +91,16 @@ class Socket {
   void setNonBlocking(bool on);
   void setNoDelay();
   Address localAddress() const;
+  // The far end: for a tunnelled socket, that of its TCP connection.
   Address peerAddress() const;
+
+  // Marks this socket as the local end of a TLS tunnel (tls_tunnel.cc).
+  void attachTunnel(std::shared_ptr<TunnelEnd> end, const Address& peer);
 
  private:
   int fd_ = -1;
+  std::shared_ptr<TunnelEnd> tunnel_;  // set when this is a tunnel's local end
+  Address peer_;                       // the tunnel's TCP peer
 };
 
 // A listening socket.

@@ -27,6 +27,11 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_SOCKET_IFNAME", "string", "",
        "network interface for bootstrap and TCP; empty uses the one that routes to the root",
        "NCCL_SOCKET_IFNAME"},
+      {"BRAID_SOCKET_KEY_FILE", "string", "",
+       "a file holding a secret of at least 32 bytes (a trailing newline dropped): braid's TCP "
+       "sockets then carry TLS 1.3 with a key made from it; every process of a job names the "
+       "same secret (ncclSetEncryption sets one from the program); read once per process",
+       nullptr},
       {"BRAID_UCX", "string", "AUTO",
        "AUTO: ranks on different hosts use ucx where it is built, every rank has an RDMA device "
        "(InfiniBand, RoCE; over plain TCP braid's tcp is faster) and it starts on every rank, "
