@@ -396,7 +396,8 @@ Frame askRoot(net::Socket& socket, const std::vector<uint8_t>& registration, int
                   static_cast<long long>(timeout.count()), root.c_str()));
     if (e.code() == ErrorCode::RemoteError)
       fail(ErrorCode::RemoteError, rank,
-           root + " closed the connection without an answer (is the UniqueId from this job?)");
+           root + " closed the connection without an answer (is the UniqueId from this job" +
+               (socket.encrypted() ? ", and its secret the same as the root's?)" : "?)"));
     throw;
   }
 }

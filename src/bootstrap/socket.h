@@ -96,6 +96,8 @@ class Socket {
 
   // Marks this socket as the local end of a TLS tunnel (tls_tunnel.cc).
   void attachTunnel(std::shared_ptr<TunnelEnd> end, const Address& peer);
+  // Whether this is a TLS tunnel's local end.
+  bool encrypted() const { return tunnel_ != nullptr; }
 
  private:
   int fd_ = -1;

@@ -1,24 +1,22 @@
 // ncclSetEncryption (NCCL 2.32): the process-wide choice to encrypt the
-// library's TCP sockets with TLS and a pre-shared key. braid's sockets are
-// plaintext: the call checks its config as NCCL does, accepts plaintext,
-// and refuses a key with ncclInvalidUsage (what an NCCL built without TLS
-// answers) rather than let a caller believe its traffic is encrypted.
+// library's TCP sockets with TLS and a pre-shared key. It sets braid's own
+// choice (braid::setSocketSecret: TLS 1.3 through the tunnel of
+// bootstrap/tls.h), after checking the config as NCCL does.
 #include <cstddef>
 #include <cstring>
 
+#include "braid/config.h"
 #include "core/log.h"
 #include "nccl_compat/nccl_internal.h"
 
-namespace braid::nccl {
+using namespace braid::nccl;
+
 namespace {
 
 // The shortest key NCCL takes, in bytes.
 constexpr size_t kShortestKey = 32;
 
 }  // namespace
-}  // namespace braid::nccl
-
-using namespace braid::nccl;
 
 extern "C" {
 
@@ -35,7 +33,8 @@ NCCL_EXPORT ncclResult_t pncclSetEncryption(const ncclEncryptionConfig_t* config
       return badArgument(fn, format("config->size is %zu: too small to hold 'mode'", config->size));
     const int mode = config->mode;
     if (mode == NCCL_ENCRYPTION_MODE_NONE) {
-      BRAID_INFO(Init, "%s: plaintext sockets (braid's only kind)", fn);
+      braid::setSocketSecret("");
+      BRAID_INFO(Init, "%s: plaintext sockets", fn);
       return ncclSuccess;
     }
     if (mode != NCCL_ENCRYPTION_MODE_PSK)
@@ -47,11 +46,9 @@ NCCL_EXPORT ncclResult_t pncclSetEncryption(const ncclEncryptionConfig_t* config
     if (std::strlen(key) < kShortestKey)
       return badArgument(fn, format("config->psk is %zu bytes long: a key has at least %zu",
                                     std::strlen(key), kShortestKey));
-    return failWith(ncclInvalidUsage,
-                    format("%s: braid does not encrypt its TCP sockets (they carry plaintext), so "
-                           "it refuses a pre-shared key rather than send in the clear; run over "
-                           "a network you trust, as with an NCCL built without TLS",
-                           fn));
+    braid::setSocketSecret(key);  // refuses a change once sockets exist, or a build without TLS
+    BRAID_INFO(Init, "%s: TCP sockets carry TLS 1.3 with the pre-shared key", fn);
+    return ncclSuccess;
   });
 }
 
