@@ -36,8 +36,9 @@
 #include "transports/wiring.h"
 #include "tuning/algo_choice.h"
 
-#if !defined(BRAID_HAVE_CUDA) || !defined(BRAID_HAVE_UCX) || !defined(BRAID_HAVE_IBVERBS)
-#error "braid-info needs BRAID_FEATURE_DEFINITIONS (BRAID_HAVE_CUDA, _UCX, _IBVERBS)"
+#if !defined(BRAID_HAVE_CUDA) || !defined(BRAID_HAVE_UCX) || !defined(BRAID_HAVE_IBVERBS) || \
+    !defined(BRAID_HAVE_TLS)
+#error "braid-info needs BRAID_FEATURE_DEFINITIONS (BRAID_HAVE_CUDA, _UCX, _IBVERBS, _TLS)"
 #endif
 
 namespace {
@@ -131,8 +132,9 @@ std::vector<Interface> interfaces() {
 int printOverview() {
   std::printf("braid %s\n", BRAID_VERSION_STRING);
   // What the build found, and the device this process would use.
-  std::printf("found at build:   cuda toolkit %s, ucx %s, ibverbs %s\n", yesNo(BRAID_HAVE_CUDA),
-              yesNo(BRAID_HAVE_UCX), yesNo(BRAID_HAVE_IBVERBS));
+  std::printf("found at build:   cuda toolkit %s, ucx %s, ibverbs %s, tls %s\n",
+              yesNo(BRAID_HAVE_CUDA), yesNo(BRAID_HAVE_UCX), yesNo(BRAID_HAVE_IBVERBS),
+              yesNo(BRAID_HAVE_TLS));
   if (braid::device::Device* device = braid::device::current())
     std::printf("memory:           host, device (%s, %d devices, current %d)\n", device->name(),
                 device->count(), device->current());
