@@ -87,7 +87,6 @@ SSL_CTX* makeContext(const TlsKey* key) {
     return nullptr;
   }
   SSL_CTX_set_options(context, SSL_OP_IGNORE_UNEXPECTED_EOF);
-  SSL_CTX_set_mode(context, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_psk_use_session_callback(context, offerKey);
   SSL_CTX_set_psk_find_session_callback(context, findKey);
   return context;

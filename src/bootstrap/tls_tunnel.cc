@@ -5,6 +5,10 @@
 // on the local end, a buffer each way; a full buffer stops reading its
 // source, so a slow reader slows the writer as a kernel buffer would.
 //
+// System calls are batched: SSL writes its records into memory, and the
+// tunnel sends them many at a time (`wire`); it reads records ahead, many
+// per call.
+//
 // Both sockets are registered once, edge-triggered, and any event on either
 // pumps the whole link until nothing moves: every step is tried each time,
 // so no event needs to say which step it was for.
@@ -70,9 +74,11 @@ void closeTunnelled(int fd, TunnelEnd& end) {
 #if BRAID_HAVE_TLS
 namespace {
 
-// A TLS record holds at most 16 KiB of plaintext.
-constexpr size_t kRecordBytes = 16384;
 constexpr size_t kBufferBytes = 256 * 1024;
+// Plaintext encrypted per turn (TLS cuts it into records of 16 KiB).
+constexpr size_t kEncryptBytes = 64 * 1024;
+// How much SSL reads from the TCP socket per call.
+constexpr size_t kReadAheadBytes = 128 * 1024;
 
 // Bytes on their way, in one direction.
 class Buffer {
@@ -130,7 +136,8 @@ struct Link {
   bool shook = false;  // handshake done
   // Local end -> TCP.
   Buffer out;
-  size_t record = 0;       // plaintext bytes of a record SSL holds until the TCP socket takes it
+  Buffer wire;             // records SSL wrote, for the TCP socket
+  BIO* records = nullptr;  // where SSL writes them (SSL owns it)
   bool localDone = false;  // the local end writes nothing more (EOF read)
   bool tcpShut = false;    // TCP's writing side shut after the last record
   // TCP -> local end.
@@ -147,7 +154,7 @@ struct Link {
     if (tcp >= 0) ::close(tcp);
     if (local >= 0) ::close(local);
   }
-  bool outboundDone() const { return localDone && out.empty() && record == 0 && tcpShut; }
+  bool outboundDone() const { return localDone && out.empty() && wire.empty() && tcpShut; }
   bool inboundDone() const { return appGone || (tcpDone && in.empty() && localShut); }
 };
 
@@ -252,7 +259,7 @@ class Tunnel {
 
   bool allSent() const {
     for (const auto& link : links_)
-      if (!link->finished && (!link->out.empty() || link->record > 0)) return false;
+      if (!link->finished && (!link->out.empty() || !link->wire.empty())) return false;
     return true;
   }
 
@@ -321,6 +328,9 @@ class Tunnel {
   static bool handshake(Link& link, bool* moved) {
     ERR_clear_error();
     const int result = SSL_do_handshake(link.ssl);
+    const int sysError = errno;
+    if (!sendRecords(link)) return false;
+    errno = sysError;
     if (result == 1) {
       link.shook = true;
       *moved = true;
@@ -350,36 +360,52 @@ class Tunnel {
     return true;
   }
 
-  static bool writeTcp(Link& link) {
-    bool moved = false;
-    while (!link.out.empty()) {
-      // A record SSL holds is offered again with the same bytes, as SSL asks.
-      const size_t chunk = link.record ? link.record : std::min(link.out.size(), kRecordBytes);
-      size_t written = 0;
-      ERR_clear_error();
-      if (SSL_write_ex(link.ssl, link.out.head(), chunk, &written) == 1) {
-        link.out.taken(written);
-        link.record = 0;
-        moved = true;
-        continue;
-      }
-      const int sysError = errno;
-      const int error = SSL_get_error(link.ssl, 0);
-      errno = sysError;
-      if (error == SSL_ERROR_WANT_WRITE || error == SSL_ERROR_WANT_READ) {
-        link.record = chunk;
-        return moved;
-      }
-      if (error == SSL_ERROR_SYSCALL && (errno == EPIPE || errno == ECONNRESET)) {
+  // Moves what SSL wrote into `wire` and sends as much of `wire` as the
+  // TCP socket takes. False once the link ended (the peer is gone).
+  static bool sendRecords(Link& link) {
+    for (;;) {
+      link.wire.compact();
+      if (link.wire.room() == 0) break;
+      const int n = BIO_read(link.records, link.wire.tail(), static_cast<int>(link.wire.room()));
+      if (n <= 0) break;
+      link.wire.added(static_cast<size_t>(n));
+    }
+    while (!link.wire.empty()) {
+      const ssize_t n =
+          ::send(link.tcp, link.wire.head(), link.wire.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        link.wire.taken(static_cast<size_t>(n));
+      } else if (n < 0 && wouldBlock(errno)) {
+        return true;
+      } else {
         // The peer is gone: as with a reset connection, the caller finds
         // the stream ended; what it wrote is lost either way.
         link.finished = true;
+        return false;
+      }
+    }
+    return true;
+  }
+
+  static bool writeTcp(Link& link) {
+    bool moved = false;
+    // Encrypt while the records already made would mostly fit the socket.
+    while (!link.out.empty() && link.wire.size() + BIO_ctrl_pending(link.records) < kBufferBytes) {
+      const size_t chunk = std::min(link.out.size(), kEncryptBytes);
+      size_t written = 0;
+      ERR_clear_error();
+      if (SSL_write_ex(link.ssl, link.out.head(), chunk, &written) != 1) {
+        fail(link, format("encrypting failed: %s", reasonOf(SSL_get_error(link.ssl, 0)).c_str()));
         return true;
       }
-      fail(link, format("sending failed: %s", reasonOf(error).c_str()));
-      return true;
+      link.out.taken(written);
+      moved = true;
+      if (!sendRecords(link)) return true;
     }
-    if (link.localDone && !link.tcpShut) {
+    const size_t before = link.wire.size();
+    if (!sendRecords(link)) return true;
+    moved |= link.wire.size() != before;
+    if (link.localDone && link.out.empty() && link.wire.empty() && !link.tcpShut) {
       ::shutdown(link.tcp, SHUT_WR);
       link.tcpShut = true;
       moved = true;
@@ -403,7 +429,8 @@ class Tunnel {
       const int sysError = errno;
       const int error = SSL_get_error(link.ssl, 0);
       errno = sysError;
-      if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return moved;
+      if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE)
+        return sendRecords(link) ? moved : true;
       if (error == SSL_ERROR_ZERO_RETURN ||
           (error == SSL_ERROR_SYSCALL && (errno == 0 || errno == ECONNRESET || errno == EPIPE))) {
         link.tcpDone = true;  // closed or reset: the caller reads the end of the stream
@@ -471,7 +498,18 @@ Socket tunnel(Socket tcp, TlsRole role, std::shared_ptr<const TlsKey> key, const
     throw Error(ErrorCode::SystemError, format("braid: TLS with %s: %s", link->peer.c_str(),
                                                reasonOf(SSL_ERROR_SSL).c_str()));
   tcp.setNonBlocking(true);
-  SSL_set_fd(link->ssl, tcp.fd());
+  // Records are read from the socket, many per call, and written to memory.
+  BIO* socketSide = BIO_new_socket(tcp.fd(), BIO_NOCLOSE);
+  link->records = BIO_new(BIO_s_mem());
+  if (!socketSide || !link->records) {
+    BIO_free(socketSide);
+    BIO_free(link->records);
+    throw Error(ErrorCode::SystemError,
+                format("braid: TLS with %s: out of memory", link->peer.c_str()));
+  }
+  SSL_set_bio(link->ssl, socketSide, link->records);
+  SSL_set_read_ahead(link->ssl, 1);
+  SSL_set_default_read_buffer_len(link->ssl, kReadAheadBytes);
   if (link->server)
     SSL_set_accept_state(link->ssl);
   else
