@@ -43,7 +43,7 @@ class TlsKey {
   TlsKey(const TlsKey&) = delete;
   TlsKey& operator=(const TlsKey&) = delete;
 
-  // 32 bytes: SHA-256 over a label and the secret.
+  // 32 bytes: PBKDF2-HMAC-SHA256 of the secret (10^5 iterations).
   const std::array<uint8_t, 32>& bytes() const { return bytes_; }
   // Whether both keys came from the same secret.
   bool operator==(const TlsKey& other) const { return bytes_ == other.bytes_; }

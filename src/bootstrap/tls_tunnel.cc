@@ -49,6 +49,10 @@ namespace braid::net {
 // while the process lives, as a kernel buffer would. At most kFlushWithin.
 class TunnelEnd {
  public:
+  TunnelEnd() : owner_(::getpid()) {}
+  // A child of fork() that closes an inherited socket just closes its
+  // descriptor: shutting the socket down would end the parent's connection.
+  bool ownedHere() const { return owner_ == ::getpid(); }
   void markFlushed() {
     std::lock_guard<std::mutex> lock(mutex_);
     flushed_ = true;
@@ -60,6 +64,7 @@ class TunnelEnd {
   }
 
  private:
+  const pid_t owner_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool flushed_ = false;
@@ -67,6 +72,7 @@ class TunnelEnd {
 
 void closeTunnelled(int fd, TunnelEnd& end) {
   constexpr auto kFlushWithin = std::chrono::seconds(1);
+  if (!end.ownedHere()) return;
   ::shutdown(fd, SHUT_WR);
   end.waitFlushed(Clock::now() + kFlushWithin);
 }
@@ -79,6 +85,11 @@ constexpr size_t kBufferBytes = 256 * 1024;
 constexpr size_t kEncryptBytes = 64 * 1024;
 // How much SSL reads from the TCP socket per call.
 constexpr size_t kReadAheadBytes = 128 * 1024;
+// Turns of one link's pump before the others get theirs.
+constexpr int kTurnsPerPump = 16;
+// A link whose caller closed its end before the handshake ended is dropped
+// this long after it was made (a peer that connects and stays silent).
+constexpr auto kAbandonedHandshake = std::chrono::seconds(5);
 
 // Bytes on their way, in one direction.
 class Buffer {
@@ -148,6 +159,8 @@ struct Link {
   bool appClosing = false;  // the other end shut its writing side, or closed
   bool finished = false;    // closed, to be freed after this round of events
   bool flushReported = false;
+  bool hot = false;  // its pump stopped at kTurnsPerPump with work left
+  const Deadline made = Clock::now();
 
   ~Link() {
     if (ssl) SSL_free(ssl);
@@ -173,6 +186,10 @@ class Tunnel {
   void add(std::unique_ptr<Link> link) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (stopped_) {  // the process is exiting: the caller reads the end of the stream
+        link->end->markFlushed();
+        return;
+      }
       arriving_.push_back(std::move(link));
     }
     wake();
@@ -233,9 +250,16 @@ class Tunnel {
     std::vector<epoll_event> events(64);
     for (;;) {
       if (stopping_ && drainUntil == Deadline{}) drainUntil = Clock::now() + kDrainWithin;
-      if (stopping_ && (Clock::now() >= drainUntil || allSent())) return;
-      const int n =
-          ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), stopping_ ? 10 : -1);
+      if (stopping_ && (Clock::now() >= drainUntil || allSent())) return stop();
+      bool hot = false, handshaking = false;
+      for (const auto& link : links_) {
+        hot |= link->hot;
+        handshaking |= !link->shook;
+      }
+      const int wait = hot ? 0 : stopping_ ? 10 : handshaking ? 1000 : -1;
+      const int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), wait);
+      for (auto& link : links_)  // the links cut short last turn go first
+        if (link->hot && !link->finished) pump(*link);
       for (int i = 0; i < n; ++i) {
         const epoll_event& event = events[static_cast<size_t>(i)];
         Link* link = linkOf(event.data.u64);
@@ -253,8 +277,23 @@ class Tunnel {
       }
       if (stopping_)
         for (auto& link : links_) pump(*link);
+      const Deadline now = Clock::now();
+      for (auto& link : links_)
+        if (link->appGone && !link->shook && now - link->made > kAbandonedHandshake)
+          link->finished = true;
       reap();
     }
+  }
+
+  // The thread ends: closing a socket no longer waits for it, and a link
+  // made from now on is closed at once.
+  void stop() {
+    for (auto& link : links_) link->finished = true;
+    reap();
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped_ = true;
+    for (auto& link : arriving_) link->end->markFlushed();
+    arriving_.clear();
   }
 
   bool allSent() const {
@@ -279,6 +318,8 @@ class Tunnel {
       if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, link->tcp, &tcp) != 0 ||
           ::epoll_ctl(epoll_, EPOLL_CTL_ADD, link->local, &local) != 0) {
         BRAID_WARN(Net, "TLS tunnel to %s: epoll: %s", link->peer.c_str(), std::strerror(errno));
+        ::epoll_ctl(epoll_, EPOLL_CTL_DEL, link->tcp, nullptr);
+        link->end->markFlushed();
         continue;  // closing both ends tells the caller
       }
       links_.push_back(std::move(link));
@@ -305,7 +346,13 @@ class Tunnel {
   }
 
   static void pump(Link& link) {
+    link.hot = false;
+    int turns = 0;
     for (bool moved = true; moved && !link.finished;) {
+      if (++turns > kTurnsPerPump) {
+        link.hot = true;  // more to do: the run loop comes back without waiting
+        return;
+      }
       moved = false;
       if (!link.shook && !handshake(link, &moved)) return;
       moved |= readLocal(link);
@@ -329,6 +376,7 @@ class Tunnel {
     ERR_clear_error();
     const int result = SSL_do_handshake(link.ssl);
     const int sysError = errno;
+    const int error = result == 1 ? SSL_ERROR_NONE : SSL_get_error(link.ssl, result);
     if (!sendRecords(link)) return false;
     errno = sysError;
     if (result == 1) {
@@ -338,8 +386,11 @@ class Tunnel {
                  SSL_get_cipher_name(link.ssl), link.server ? "server" : "client");
       return true;
     }
-    const int error = SSL_get_error(link.ssl, result);
     if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return true;
+    if (error == SSL_ERROR_SYSCALL) {
+      fail(link, format("the connection failed during the handshake: %s", reasonOf(error).c_str()));
+      return false;
+    }
     fail(link, format("the handshake failed (%s): every rank must hold the same secret "
                       "(ncclSetEncryption, BRAID_SOCKET_KEY_FILE)",
                       reasonOf(error).c_str()));
@@ -436,9 +487,12 @@ class Tunnel {
         link.tcpDone = true;  // closed or reset: the caller reads the end of the stream
         return true;
       }
-      fail(link, format("a record did not authenticate or parse (%s): the connection was "
-                        "tampered with, or the peer holds another secret",
-                        reasonOf(error).c_str()));
+      if (error == SSL_ERROR_SYSCALL)
+        fail(link, format("receiving failed: %s", reasonOf(error).c_str()));
+      else
+        fail(link, format("a record did not authenticate or parse (%s): the connection was "
+                          "tampered with, or the peer holds another secret",
+                          reasonOf(error).c_str()));
       return true;
     }
     return moved;
@@ -474,7 +528,8 @@ class Tunnel {
   int wake_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
-  std::mutex mutex_;  // guards arriving_
+  std::mutex mutex_;      // guards arriving_ and stopped_
+  bool stopped_ = false;  // the thread has ended
   std::vector<std::unique_ptr<Link>> arriving_;
   std::vector<std::unique_ptr<Link>> links_;  // the thread's own
 };
