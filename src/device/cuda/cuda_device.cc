@@ -17,6 +17,7 @@
 #include "core/errors.h"
 #include "device/cuda/contexts.h"
 #include "device/cuda/driver.h"
+#include "device/cuda/entry_points.h"
 #include "device/cuda/host_memory.h"
 #include "device/cuda/memory_map.h"
 #include "device/cuda/streams.h"
@@ -159,10 +160,15 @@ std::unique_ptr<Device> tryCreate(std::string* why) {
     *why = "no GPU: cudaGetDeviceCount found no device";
     return nullptr;
   }
+  int version = 0;
+  static_cast<void>(cudaDriverGetVersion(&version));
+  if (const std::string old = tooOldFor(version); !old.empty()) {
+    *why = format("the CUDA driver (version %d.%d) is older than braid needs: %s", version / 1000,
+                  version % 1000 / 10, old.c_str());
+    return nullptr;
+  }
   Driver driver;
   if (const char* missing = resolve(driver)) {
-    int version = 0;
-    static_cast<void>(cudaDriverGetVersion(&version));
     *why = format("the CUDA driver (version %d.%d) has no %s, which braid needs", version / 1000,
                   version % 1000 / 10, missing);
     return nullptr;

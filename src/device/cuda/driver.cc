@@ -8,6 +8,7 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "device/cuda/entry_points.h"
 
 namespace braid::device::cuda {
 
@@ -16,8 +17,11 @@ const char* resolve(Driver& d) {
   auto get = [&missing](const char* symbol, auto& slot) {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t rc = cudaGetDriverEntryPointByVersion(symbol, &function, CUDART_VERSION,
-                                                            cudaEnableDefault, &found);
+    // At the version of the ABI cuda.h declares (entry_points.h), not the
+    // toolkit's: a driver older than the toolkit has it too.
+    const cudaError_t rc = cudaGetDriverEntryPointByVersion(
+        symbol, &function, static_cast<unsigned>(entryPointVersion(symbol)), cudaEnableDefault,
+        &found);
     if (rc == cudaSuccess && found == cudaDriverEntryPointSuccess && function) {
       slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(function);
     } else {

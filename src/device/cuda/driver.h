@@ -1,6 +1,7 @@
 // The CUDA driver as the CUDA device reaches it: the table of driver entry
 // points braid calls, obtained from the runtime at the ABI of the headers
-// they are declared in (cudaGetDriverEntryPointByVersion, CUDART_VERSION),
+// they are declared in (cudaGetDriverEntryPointByVersion, each at the
+// version entry_points.h gives it),
 // so that libbraid never links libcuda and loads and runs host collectives
 // where there is no driver; the failures of runtime and driver calls as
 // braid's Error; and the casts between the seam's opaque handles and CUDA's
