@@ -102,6 +102,24 @@ class Contexts {
 // context (hundreds of MB of GPU memory) in every process. The runtime,
 // braid's and the application's, works on whichever primary context is
 // current.
+// While in scope, the calling thread's CUDA calls are made in relaxed
+// capture mode, then the thread's own mode is restored. A thread of
+// braid's (the watchdog, a proxy) may call while a user's thread captures
+// in cudaStreamCaptureModeGlobal (PyTorch's default), which forbids other
+// threads calls such as cudaEventQuery and invalidates the user's graph:
+// braid's calls are safe during a capture, so every one of them is made in
+// relaxed mode, through this or a ContextScope.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // the caller's, while in scope
+};
+
 class ContextScope {
  public:
   ContextScope(Contexts& contexts, int device);
@@ -110,16 +128,9 @@ class ContextScope {
   ContextScope& operator=(const ContextScope&) = delete;
 
  private:
-  // A thread of braid's (the watchdog, a proxy) may call while a user's
-  // thread captures in cudaStreamCaptureModeGlobal, which forbids other
-  // threads calls such as cudaEventQuery: braid's calls are safe during
-  // a capture, so they are made in relaxed mode (first member: restored
-  // also when the constructor throws).
-  struct RelaxedCapture {
-    RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode)); }
-    ~RelaxedCapture() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode)); }
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the caller's, while in scope
-  } relaxed_;
+  // Relaxed capture mode (first member: restored also when the
+  // constructor throws).
+  RelaxedCapture relaxed_;
   const Driver& driver_;
   bool pushed_ = false;
 };

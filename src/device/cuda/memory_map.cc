@@ -12,6 +12,7 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "device/cuda/contexts.h"
 
 namespace braid::device::cuda {
 
@@ -49,6 +50,7 @@ int MemoryMap::deviceOf(const void* pointer) {
     if (const Mapping* mapping = holding(mappings_, address)) return mapping->device;
     if (int device = -1; foreign_.find(address, &device)) return device;
   }
+  const RelaxedCapture relaxed;  // asked from any thread, while a user's may capture
   cudaPointerAttributes attributes{};
   if (const cudaError_t rc = cudaPointerGetAttributes(&attributes, pointer); rc != cudaSuccess)
     fail(rc, format("cudaPointerGetAttributes(%p)", pointer));

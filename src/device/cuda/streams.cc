@@ -57,11 +57,13 @@ StreamHandle Streams::createStream(int device) {
 }
 
 void Streams::destroyStream(StreamHandle stream) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaStreamDestroy(streamOf(stream)); rc != cudaSuccess)
     fail(rc, format("cudaStreamDestroy(%p)", stream));
 }
 
 void Streams::synchronize(StreamHandle stream) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaStreamSynchronize(streamOf(stream)); rc != cudaSuccess)
     fail(rc, format("cudaStreamSynchronize(%p)", stream));
 }
@@ -79,22 +81,26 @@ EventHandle Streams::createEvent(int device) {
 }
 
 void Streams::destroyEvent(EventHandle event) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaEventDestroy(eventOf(event)); rc != cudaSuccess)
     fail(rc, format("cudaEventDestroy(%p)", event));
 }
 
 void Streams::record(EventHandle event, StreamHandle stream) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaEventRecord(eventOf(event), streamOf(stream)); rc != cudaSuccess)
     fail(rc, format("cudaEventRecord(event %p, stream %p)", event, stream));
 }
 
 void Streams::streamWait(StreamHandle stream, EventHandle event) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaStreamWaitEvent(streamOf(stream), eventOf(event), 0);
       rc != cudaSuccess)
     fail(rc, format("cudaStreamWaitEvent(stream %p, event %p)", stream, event));
 }
 
 bool Streams::query(EventHandle event) {
+  const RelaxedCapture relaxed;  // the watchdog asks while a user's thread may capture
   const cudaError_t rc = cudaEventQuery(eventOf(event));
   if (rc == cudaSuccess) return true;
   if (rc != cudaErrorNotReady) fail(rc, format("cudaEventQuery(%p)", event));
@@ -103,6 +109,7 @@ bool Streams::query(EventHandle event) {
 }
 
 bool Streams::capturing(StreamHandle stream) {
+  const RelaxedCapture relaxed;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (const cudaError_t rc = cudaStreamIsCapturing(streamOf(stream), &status); rc != cudaSuccess)
     fail(rc, format("cudaStreamIsCapturing(%p)", stream));
@@ -132,6 +139,7 @@ GraphHandle Streams::endCapture(StreamHandle stream) {
 }
 
 void Streams::launchGraph(GraphHandle graph, StreamHandle stream) {
+  const RelaxedCapture relaxed;
   ContextScope scope(contexts_, contexts_.deviceOfStream(stream));
   if (const cudaError_t rc = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), streamOf(stream));
       rc != cudaSuccess)
@@ -139,6 +147,7 @@ void Streams::launchGraph(GraphHandle graph, StreamHandle stream) {
 }
 
 void Streams::destroyGraph(GraphHandle graph) {
+  const RelaxedCapture relaxed;
   if (const cudaError_t rc = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
       rc != cudaSuccess)
     fail(rc, format("cudaGraphExecDestroy(%p)", graph));
