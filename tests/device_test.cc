@@ -633,6 +633,41 @@ void requireInvalid(const std::function<void()>& call, const std::string& needle
   throw RankFailure{"expected an error mentioning '" + needle + "', got none"};
 }
 
+TEST_P(DeviceTest, AReductionRefusesHostMemoryAKernelCannotTouchAndTakesPageLockedMemory) {
+  runRanks(
+      1,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        device::Device& device = device::require("the test");
+        TestStream stream(dev);
+        const size_t count = 1024;
+        DeviceBuffer out(dev, count * sizeof(float));
+        std::vector<float> pageable(count, 2.0f);  // ordinary host memory
+        auto* locked = static_cast<float*>(device.allocateHost(count * sizeof(float)));
+        std::fill(locked, locked + count, 3.0f);
+        device::ReduceArgs args;
+        args.dst = out.data();
+        args.inputs = 2;
+        args.count = count;
+        args.srcs[0] = locked;
+        args.srcs[1] = pageable.data();
+        requireInvalid([&] { device.reduce(stream.handle(), args); }, "not page-locked");
+        args.srcs[1] = locked;
+        args.dst = pageable.data();
+        requireInvalid([&] { device.reduce(stream.handle(), args); }, "not page-locked");
+        // Page-locked host memory is taken, as input and as output.
+        args.dst = out.data();
+        device.reduce(stream.handle(), args);
+        args.srcs[1] = out.data();
+        args.dst = locked;
+        device.reduce(stream.handle(), args);
+        stream.synchronize();
+        require(locked[count - 1] == 9.0f, format("3 + (3 + 3) came out as %g", locked[count - 1]));
+        device.free(locked);
+      },
+      options());
+}
+
 TEST_P(DeviceTest, MixedOrForeignBuffersAndHostStreamsAreRejectedNamingTheArgument) {
   runRanks(
       2,

@@ -32,6 +32,12 @@ Contexts::Contexts(const Driver& driver, int count)
         CUDA_SUCCESS)
       dmabuf = 0;  // an older driver that does not know the attribute
     device.dmabuf = dmabuf != 0 && driver_.memGetHandleForAddressRange != nullptr;
+    int pageable = 0;
+    if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, d) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      pageable = 0;
+    }
+    device.pageable = pageable != 0;
     for (int peer = 0; peer < count_; ++peer) {
       int can = 1;
       if (peer != d) {

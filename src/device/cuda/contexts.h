@@ -45,6 +45,9 @@ class Contexts {
   bool rdmaWithVmm(int device) const { return devices_[device].rdmaWithVmm; }
   // cuMemGetHandleForAddressRange gives dma-buf fds of `device`'s memory.
   bool dmabuf(int device) const { return devices_[device].dmabuf; }
+  // Kernels of `device` read and write pageable host memory (HMM, ATS:
+  // cudaDevAttrPageableMemoryAccess).
+  bool readsPageableMemory(int device) const { return devices_[device].pageable; }
 
   // The calling thread's current device (cudaGetDevice).
   int current() const;
@@ -76,6 +79,7 @@ class Contexts {
     int smCount = 1;
     bool rdmaWithVmm = false;
     bool dmabuf = false;
+    bool pageable = false;
     std::once_flag contextOnce;
     CUcontext context = nullptr;  // the primary context, retained
     std::once_flag streamOnce;

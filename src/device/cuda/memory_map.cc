@@ -75,6 +75,21 @@ int MemoryMap::deviceOf(const void* pointer) {
   return device;
 }
 
+bool MemoryMap::pageLocked(const void* pointer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const Mapping* mapping = holding(mappings_, reinterpret_cast<uintptr_t>(pointer)))
+      return mapping->device < 0;
+  }
+  const RelaxedCapture relaxed;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
 size_t roundUp(size_t bytes, size_t granularity, const std::string& what) {
   const size_t wanted = std::max<size_t>(bytes, 1);
   if (wanted > SIZE_MAX - (granularity - 1))

@@ -58,6 +58,11 @@ class MemoryMap {
   // nullptr). Throws Error(SystemError) when the runtime cannot say.
   int deviceOf(const void* pointer);
 
+  // Whether `pointer`, host memory, is page-locked and so reachable by
+  // kernels: braid's allocateHost() and importHost() memory, or memory the
+  // program made (cudaHostAlloc) or registered (cudaHostRegister).
+  bool pageLocked(const void* pointer);
+
  private:
   const Driver& driver_;
   mutable std::mutex mutex_;               // guards mappings_ and foreign_

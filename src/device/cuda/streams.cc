@@ -185,10 +185,8 @@ void Streams::reduce(StreamHandle stream, const ReduceArgs& args) {
   checkReduce(args);
   if (args.count == 0) return;
   const int device = contexts_.deviceOfStream(stream);
-  if (contexts_.count() > 1) {
-    checkReach(device, args.dst);
-    for (int i = 0; i < args.inputs; ++i) checkReach(device, args.srcs[i]);
-  }
+  checkReach(device, args.dst);
+  for (int i = 0; i < args.inputs; ++i) checkReach(device, args.srcs[i]);
   ContextScope scope(contexts_, device);
   if (const int rc = launchReduce(stream, args, contexts_.smCount(device)); rc != 0)
     fail(static_cast<cudaError_t>(rc),
@@ -279,11 +277,21 @@ void Streams::checkReduce(const ReduceArgs& args) {
 }
 
 // A kernel of `device` touching `pointer` must be able to: its own memory, a
-// peer's with peer access, or host memory (mapped, or reached through the
-// GPU's page tables, which is the caller's business).
+// peer's with peer access, or page-locked host memory (or any host memory
+// where the GPU reads pageable memory: HMM, ATS). Anything else would end
+// the context with an illegal address, so it is refused first (copy()
+// routes such memory to cudaMemcpyAsync instead).
 void Streams::checkReach(int device, const void* pointer) {
   const int other = memory_.deviceOf(pointer);
-  if (other < 0 || contexts_.reaches(device, other)) return;
+  if (other < 0) {
+    if (memory_.pageLocked(pointer) || contexts_.readsPageableMemory(device)) return;
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: cuda device: reduce on a stream of device %d: %p is host memory "
+                       "that is not page-locked, which a kernel cannot touch: register it "
+                       "(cudaHostRegister) or copy it into device memory",
+                       device, pointer));
+  }
+  if (contexts_.reaches(device, other)) return;
   throw Error(ErrorCode::InvalidArgument,
               format("braid: cuda device: reduce on a stream of device %d: %p is memory of "
                      "device %d, which device %d has no peer access to",

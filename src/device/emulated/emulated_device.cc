@@ -385,7 +385,30 @@ class EmulatedDevice final : public Device {
   void reduce(StreamHandle stream, const ReduceArgs& args) override {
     checkReduce(args);
     if (args.count == 0) return;
+    checkReach(args.dst);
+    for (int i = 0; i < args.inputs; ++i) checkReach(args.srcs[i]);
     streamOf(stream).enqueue([args] { reduceNow(args); });
+  }
+
+  // A GPU's kernel can touch device memory and page-locked host memory
+  // (allocateHost, importHost); any other host memory ends a CUDA context
+  // with an illegal address. Refused here as the CUDA device refuses it, so
+  // that a caller that would pass it fails on this machine too.
+  void checkReach(const void* pointer) {
+    const auto address = reinterpret_cast<uintptr_t>(pointer);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto next = allocations_.upper_bound(address);
+      if (next != allocations_.begin()) {
+        const Allocation& allocation = std::prev(next)->second;
+        if (address - reinterpret_cast<uintptr_t>(allocation.base) < allocation.bytes) return;
+      }
+    }
+    throw Error(ErrorCode::InvalidArgument,
+                format("braid: emulated device: reduce: %p is host memory that is not "
+                       "page-locked (allocateHost, importHost), which a kernel cannot touch: "
+                       "register it or copy it into device memory",
+                       pointer));
   }
 
   void flagOps(StreamHandle handle, const FlagOp* ops, size_t count) override {
