@@ -155,6 +155,16 @@ Pair connectThrough(Listener& server, Wiretap& tap, const char* clientSecret,
   return pair;
 }
 
+// Two tunnelled ends straight over loopback, both with kSecret.
+Pair connectDirect(Listener& server) {
+  Pair pair;
+  Socket tcp = Socket::connect(server.address(), after(5s), "the server");
+  pair.client = tunnel(std::move(tcp), TlsRole::Client, key(kSecret), server.address());
+  Socket accepted = server.accept(after(5s));
+  pair.server = tunnel(std::move(accepted), TlsRole::Server, key(kSecret), server.address());
+  return pair;
+}
+
 TEST(Tls, BytesArriveIntactBothWaysAndNeverInTheClearOnTheWire) {
   Listener server(Address::loopback());
   std::optional<Wiretap> tap(std::in_place, server.address());
@@ -248,10 +258,7 @@ TEST(Tls, APlaintextPeerIsClosedAndNothingItSentIsDelivered) {
 
 TEST(Tls, AForkedChildClosingAnInheritedSocketLeavesTheParentsConnectionOpen) {
   Listener server(Address::loopback());
-  Socket tcp = Socket::connect(server.address(), after(5s), "the server");
-  Socket client = tunnel(std::move(tcp), TlsRole::Client, key(kSecret), server.address());
-  Socket accepted = server.accept(after(5s));
-  Socket other = tunnel(std::move(accepted), TlsRole::Server, key(kSecret), server.address());
+  auto [client, other] = connectDirect(server);
   const pid_t child = ::fork();
   if (child == 0) {
     client.close();  // the child's copy only
@@ -294,10 +301,7 @@ TEST(Tls, APeerThatConnectsAndStaysSilentIsDroppedOnceTheCallerLetsGo) {
 
 TEST(Tls, ClosingRightAfterWritingStillDeliversEveryByte) {
   Listener server(Address::loopback());
-  Socket tcp = Socket::connect(server.address(), after(5s), "the server");
-  Socket client = tunnel(std::move(tcp), TlsRole::Client, key(kSecret), server.address());
-  Socket accepted = server.accept(after(5s));
-  Socket reader = tunnel(std::move(accepted), TlsRole::Server, key(kSecret), server.address());
+  auto [client, reader] = connectDirect(server);
   const auto data = marked(8 << 20, "last-words:");
   std::vector<uint8_t> got(data.size());
   std::thread readerSide([&] {
