@@ -92,14 +92,6 @@ SSL_CTX* makeContext(const TlsKey* key) {
   return context;
 }
 
-std::string openSslReason() {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0) return "no reason given";
-  char text[256];
-  ERR_error_string_n(code, text, sizeof(text));
-  return text;
-}
 #endif
 
 // The process's choice (tls.h).
@@ -133,6 +125,19 @@ std::string readSecret(const std::string& path) {
 
 bool tlsBuilt() { return BRAID_HAVE_TLS != 0; }
 
+std::string openSslError() {
+#if BRAID_HAVE_TLS
+  const unsigned long code = ERR_get_error();
+  ERR_clear_error();
+  if (code != 0) {
+    char text[256];
+    ERR_error_string_n(code, text, sizeof(text));
+    return text;
+  }
+#endif
+  return "";
+}
+
 std::shared_ptr<const TlsKey> TlsKey::fromSecret(std::string_view secret, const char* what) {
   if (!tlsBuilt())
     throw Error(ErrorCode::InvalidUsage,
@@ -156,7 +161,7 @@ std::shared_ptr<const TlsKey> TlsKey::fromSecret(std::string_view secret, const 
   if (ok) key->context_ = makeContext(key.get());
   if (!ok || !key->context_)
     throw Error(ErrorCode::SystemError, format("braid: %s: OpenSSL could not set up TLS: %s", what,
-                                               openSslReason().c_str()));
+                                               openSslError().c_str()));
 #endif
   return key;
 }

@@ -32,6 +32,10 @@ constexpr size_t kShortestSecret = 32;
 // Whether this build can encrypt (BRAID_TLS found OpenSSL 3).
 bool tlsBuilt();
 
+// OpenSSL's oldest queued error as text, and the queue cleared; "" when it
+// holds none.
+std::string openSslError();
+
 // A key both ends derive from the same secret, with the TLS context that
 // uses it. Immutable; shared by the sockets made under it.
 class TlsKey {

@@ -124,14 +124,10 @@ class Buffer {
 
 bool wouldBlock(int errnum) { return errnum == EAGAIN || errnum == EWOULDBLOCK || errnum == EINTR; }
 
+// Why an SSL call failed with `sslError`: OpenSSL's queued error, else the
+// system's (errno, as the failed call left it).
 std::string reasonOf(int sslError) {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code != 0) {
-    char text[256];
-    ERR_error_string_n(code, text, sizeof(text));
-    return text;
-  }
+  if (std::string queued = openSslError(); !queued.empty()) return queued;
   if (sslError == SSL_ERROR_SYSCALL) return errno ? std::strerror(errno) : "the connection closed";
   return format("TLS error %d", sslError);
 }
