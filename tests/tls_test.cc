@@ -299,6 +299,32 @@ TEST(Tls, APeerThatConnectsAndStaysSilentIsDroppedOnceTheCallerLetsGo) {
   EXPECT_LT(Clock::now() - start, 10s);
 }
 
+// What Socket::close() waits for: a process that writes, closes and ends
+// at once by _exit (no exit handlers) has handed everything to TCP, where
+// the kernel delivers it after the process is gone.
+TEST(Tls, AProcessThatClosesAndExitsAtOnceHasSentEveryByte) {
+  Listener server(Address::loopback());
+  const auto data = marked(1 << 20, "before-exit:");
+  const pid_t child = ::fork();
+  if (child == 0) {
+    Socket tcp = Socket::connect(server.address(), after(5s), "the server");
+    Socket writer = tunnel(std::move(tcp), TlsRole::Client, key(kSecret), server.address());
+    writer.sendAll(data.data(), data.size(), after(10s), "the reader");
+    writer.close();
+    ::_exit(0);
+  }
+  Socket accepted = server.accept(after(5s));
+  ASSERT_TRUE(accepted.valid());
+  Socket reader = tunnel(std::move(accepted), TlsRole::Server, key(kSecret), server.address());
+  std::vector<uint8_t> got(data.size());
+  std::optional<Error> error =
+      errorFrom([&] { reader.recvAll(got.data(), got.size(), after(10s), "the writer"); });
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_FALSE(error) << error->what();
+  EXPECT_EQ(got, data);
+}
+
 TEST(Tls, ClosingRightAfterWritingStillDeliversEveryByte) {
   Listener server(Address::loopback());
   auto [client, reader] = connectDirect(server);
