@@ -97,6 +97,14 @@ const std::vector<KnobInfo>& knobTable() {
        "0: the emulated device's devices do not reach each other (FIFOs between them are then "
        "staged through host memory, as between GPUs without peer access)",
        nullptr},
+      {"BRAID_EMULATED_VISIBLE_DEVICES", "string", "",
+       "the emulated GPUs (0 to 7) this process sees, in order, as CUDA_VISIBLE_DEVICES names "
+       "GPUs: \"2\" makes GPU 2 its device 0; empty: all 8",
+       nullptr},
+      {"BRAID_EMULATED_FD_HANDLES", "int", "1",
+       "0: the emulated device cannot export its memory to other processes, as a GPU without "
+       "cuMem POSIX-fd handles (FIFOs to other processes are then staged through host memory)",
+       nullptr},
       {"BRAID_ONESHOT_BYTES", "bytes", "4K",
        "with BRAID_TUNING=fixed, all-reduces up to this size send every input to every rank "
        "(one hop; max 64K)",

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 
+#include "braid/error.h"
 #include "core/errors.h"
 #include "core/knobs.h"
 #include "device/emulated/emulated_device.h"
@@ -37,7 +38,11 @@ void decide(Choice& c) {
   if (name == "none") {
     c.reason = "BRAID_DEVICE=none turns device memory off";
   } else if (name == "emulated") {
-    c.device = emulated::create();
+    try {
+      c.device = emulated::create();
+    } catch (const Error& error) {
+      c.reason = error.what();
+    }
   } else if (name == "cuda" || name == "auto") {
 #if BRAID_HAVE_CUDA
     std::string whyNot;
@@ -74,6 +79,15 @@ Device& require(const char* what) {
   if (Device* device = current()) return *device;
   throw Error(ErrorCode::InvalidUsage, format("braid: %s needs a device, and there is none: %s",
                                               what, unavailableReason().c_str()));
+}
+
+std::string uuidText(const std::array<uint8_t, 16>& uuid) {
+  std::string text = "GPU-";
+  for (size_t i = 0; i < uuid.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+    text += format("%02x", uuid[i]);
+  }
+  return text;
 }
 
 void select(const std::string& name) {

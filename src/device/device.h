@@ -18,6 +18,7 @@
 // Threading: every method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -90,6 +91,33 @@ struct ReduceArgs {
   int finalizeDivisor = 0;
 };
 
+// What a device is and can do, read once when the Device is made
+// (Device::properties): what paths between ranks are chosen by, and what
+// braid-info --device prints.
+struct Properties {
+  std::string name;  // "NVIDIA H200", "emulated GPU 1"
+  // The GPU's own identity: the same in every process, whatever device
+  // number it has there (CUDA_VISIBLE_DEVICES renumbers the devices a
+  // process sees, so two processes' device 0 may be two GPUs).
+  std::array<uint8_t, 16> uuid{};
+  std::string busId;          // PCI "0000:19:00.0"; "" where there is none
+  int computeCapability = 0;  // 90 for sm_90; 0 for the emulated device
+  int multiprocessors = 0;
+  // Virtual memory management (cuMemCreate, cuMemMap). Without it,
+  // allocate() falls back to memory no other process can map.
+  bool virtualMemory = false;
+  // exportFd() works for allocate()'s memory (cuMem POSIX-fd handles).
+  // Without them, FIFOs to other processes are staged through host memory.
+  bool fdHandles = false;
+  bool dmabuf = false;                // exportDmabuf() can give NICs its memory
+  bool rdmaWithVmm = false;           // GPUDirect RDMA with cuMem memory
+  bool unifiedAddressing = false;     // one address space with the host
+  bool pageableMemoryAccess = false;  // kernels touch pageable host memory (HMM, ATS)
+};
+
+// A GPU's UUID as nvidia-smi prints it ("GPU-" and 32 hex digits in groups).
+std::string uuidText(const std::array<uint8_t, 16>& uuid);
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -104,6 +132,18 @@ class Device {
   // Whether kernels on `device` can read and write memory of `peer`
   // (NVLink or PCIe peer access); every device reaches itself.
   virtual bool canAccessPeer(int device, int peer) const = 0;
+  // What `device` is and can do (fixed). REQUIRES: 0 <= device < count().
+  virtual const Properties& properties(int device) const = 0;
+  // The driver's CUDA version as major * 1000 + minor * 10 (13000 for
+  // 13.0); 0 for the emulated device.
+  virtual int driverVersion() const = 0;
+  // The device of this process whose GPU has `uuid`, or -1 where this
+  // process does not see that GPU.
+  int deviceWithUuid(const std::array<uint8_t, 16>& uuid) const {
+    for (int d = 0; d < count(); ++d)
+      if (properties(d).uuid == uuid) return d;
+    return -1;
+  }
 
   // ---- Memory.
   // `bytes` of device memory on `device` that same-host processes can map

@@ -5,8 +5,11 @@
 // std::call_once, the rest fixed at construction.
 #include "device/cuda/contexts.h"
 
+#include <cstring>
+
 #include "braid/error.h"
 #include "core/errors.h"
+#include "core/log.h"
 
 namespace braid::device::cuda {
 
@@ -16,32 +19,14 @@ Contexts::Contexts(const Driver& driver, int count)
       devices_(new PerDevice[static_cast<size_t>(count)]),
       peerAccess_(static_cast<size_t>(count) * static_cast<size_t>(count), false),
       peerEnabled_(new std::once_flag[static_cast<size_t>(count) * static_cast<size_t>(count)]) {
+  if (const cudaError_t rc = cudaDriverGetVersion(&driverVersion_); rc != cudaSuccess)
+    fail(rc, "cudaDriverGetVersion");
   for (int d = 0; d < count_; ++d) {
-    PerDevice& device = devices_[d];
-    cudaError_t rc = cudaDeviceGetAttribute(&device.smCount, cudaDevAttrMultiProcessorCount, d);
-    if (rc != cudaSuccess)
-      fail(rc, format("cudaDeviceGetAttribute(multiprocessor count, device %d)", d));
-    int rdma = 0;
-    const CUresult crc = driver_.deviceGetAttribute(
-        &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, d);
-    if (crc != CUDA_SUCCESS)
-      fail(driver_, crc, format("cuDeviceGetAttribute(GPUDirect RDMA with VMM, device %d)", d));
-    device.rdmaWithVmm = rdma != 0;
-    int dmabuf = 0;
-    if (driver_.deviceGetAttribute(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d) !=
-        CUDA_SUCCESS)
-      dmabuf = 0;  // an older driver that does not know the attribute
-    device.dmabuf = dmabuf != 0 && driver_.memGetHandleForAddressRange != nullptr;
-    int pageable = 0;
-    if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, d) != cudaSuccess) {
-      static_cast<void>(cudaGetLastError());
-      pageable = 0;
-    }
-    device.pageable = pageable != 0;
+    query(d);
     for (int peer = 0; peer < count_; ++peer) {
       int can = 1;
       if (peer != d) {
-        rc = cudaDeviceCanAccessPeer(&can, d, peer);
+        const cudaError_t rc = cudaDeviceCanAccessPeer(&can, d, peer);
         if (rc != cudaSuccess)
           fail(rc, format("cudaDeviceCanAccessPeer(device %d, peer %d)", d, peer));
       }
@@ -50,9 +35,72 @@ Contexts::Contexts(const Driver& driver, int count)
   }
 }
 
+// Each attribute braid relies on, by the call that reads it: a failure
+// names the attribute and the device.
+void Contexts::query(int d) {
+  Properties& p = devices_[d].properties;
+  cudaDeviceProp prop{};
+  if (const cudaError_t rc = cudaGetDeviceProperties(&prop, d); rc != cudaSuccess)
+    fail(rc, format("cudaGetDeviceProperties(device %d)", d));
+  p.name = prop.name;
+  std::memcpy(p.uuid.data(), prop.uuid.bytes, p.uuid.size());
+  char busId[32] = {};
+  if (const cudaError_t rc = cudaDeviceGetPCIBusId(busId, sizeof busId, d); rc != cudaSuccess)
+    fail(rc, format("cudaDeviceGetPCIBusId(device %d)", d));
+  p.busId = busId;
+  p.computeCapability = prop.major * 10 + prop.minor;
+  p.multiprocessors = prop.multiProcessorCount;
+  p.unifiedAddressing = prop.unifiedAddressing != 0;
+  p.pageableMemoryAccess = prop.pageableMemoryAccess != 0;
+  auto attribute = [&](CUdevice_attribute which, const char* name, bool optional) {
+    int value = 0;
+    const CUresult rc = driver_.deviceGetAttribute(&value, which, d);
+    if (rc == CUDA_SUCCESS) return value != 0;
+    if (optional) return false;  // an older driver that does not know it
+    fail(driver_, rc, format("cuDeviceGetAttribute(%s, device %d)", name, d));
+  };
+  p.virtualMemory = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", false);
+  p.fdHandles =
+      p.virtualMemory && attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                   "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", false);
+  p.rdmaWithVmm =
+      p.virtualMemory && attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                   "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", false);
+  p.dmabuf = p.virtualMemory && driver_.memGetHandleForAddressRange != nullptr &&
+             attribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, "DMA_BUF_SUPPORTED", true);
+  if (!p.virtualMemory)
+    BRAID_WARN(Init,
+               "cuda device %d (%s) has no virtual memory management "
+               "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0, as on some virtual "
+               "machines and vGPUs): its memory comes from cudaMalloc, which no other process "
+               "maps, so FIFOs to other processes are staged through host memory",
+               d, p.name.c_str());
+  else if (!p.fdHandles)
+    BRAID_WARN(Init,
+               "cuda device %d (%s) cannot export memory as POSIX file descriptors "
+               "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0): FIFOs "
+               "to other processes are staged through host memory",
+               d, p.name.c_str());
+}
+
+std::byte* Contexts::bounce(int device) {
+  PerDevice& state = devices_[device];
+  std::call_once(state.bounceOnce, [&] {
+    void* memory = nullptr;
+    if (const cudaError_t rc = cudaHostAlloc(&memory, kBounceBytes, cudaHostAllocPortable);
+        rc != cudaSuccess)
+      fail(rc,
+           format("cudaHostAlloc(%zu bytes of bounce buffer, device %d)", kBounceBytes, device));
+    state.bounce = static_cast<std::byte*>(memory);
+  });
+  return state.bounce;
+}
+
 Contexts::~Contexts() {
   for (int d = 0; d < count_; ++d) {
     if (devices_[d].stream) cudaStreamDestroy(devices_[d].stream);
+    if (devices_[d].bounce) cudaFreeHost(devices_[d].bounce);
     if (devices_[d].context) driver_.primaryCtxRelease(d);
   }
   static_cast<void>(cudaGetLastError());

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -39,15 +40,18 @@ class Contexts {
 
   const Driver& driver() const { return driver_; }
   int count() const { return count_; }
+  // The driver's version (cudaDriverGetVersion).
+  int driverVersion() const { return driverVersion_; }
   // Fixed at construction. REQUIRES: 0 <= device < count().
-  int smCount(int device) const { return devices_[device].smCount; }
+  const Properties& properties(int device) const { return devices_[device].properties; }
+  int smCount(int device) const { return properties(device).multiprocessors; }
   // cuMemCreate can make NIC-registrable (dma-buf) memory on `device`.
-  bool rdmaWithVmm(int device) const { return devices_[device].rdmaWithVmm; }
+  bool rdmaWithVmm(int device) const { return properties(device).rdmaWithVmm; }
   // cuMemGetHandleForAddressRange gives dma-buf fds of `device`'s memory.
-  bool dmabuf(int device) const { return devices_[device].dmabuf; }
+  bool dmabuf(int device) const { return properties(device).dmabuf; }
   // Kernels of `device` read and write pageable host memory (HMM, ATS:
   // cudaDevAttrPageableMemoryAccess).
-  bool readsPageableMemory(int device) const { return devices_[device].pageable; }
+  bool readsPageableMemory(int device) const { return properties(device).pageableMemoryAccess; }
 
   // The calling thread's current device (cudaGetDevice).
   int current() const;
@@ -72,19 +76,29 @@ class Contexts {
   // (writeFlagNow, readFlagNow, copyNow). REQUIRES: `device`'s context is
   // current.
   cudaStream_t privateStream(int device);
+  // `device`'s bounce buffer: kBounceBytes of page-locked host memory, made
+  // on first use, through which the host-side operations copy between
+  // device memory and pageable host memory (a copy into pageable memory
+  // returns only once done, so a deadline could not hold), and the mutex
+  // that serializes its users. REQUIRES: `device`'s context is current.
+  static constexpr size_t kBounceBytes = size_t{4} << 20;
+  std::byte* bounce(int device);
+  std::mutex& bounceMutex(int device) { return devices_[device].bounceMutex; }
 
  private:
   // Per device; the context and the stream are made on first use.
   struct PerDevice {
-    int smCount = 1;
-    bool rdmaWithVmm = false;
-    bool dmabuf = false;
-    bool pageable = false;
+    Properties properties;
     std::once_flag contextOnce;
     CUcontext context = nullptr;  // the primary context, retained
     std::once_flag streamOnce;
     cudaStream_t stream = nullptr;  // private: writeFlagNow, readFlagNow, copyNow, zero-fill
+    std::once_flag bounceOnce;
+    std::byte* bounce = nullptr;  // cudaHostAlloc'd, kBounceBytes
+    std::mutex bounceMutex;       // held while the bounce buffer is in use
   };
+  // Reads `device`'s properties (the constructor).
+  void query(int device);
 
   size_t pair(int device, int peer) const {
     return static_cast<size_t>(device) * static_cast<size_t>(count_) + static_cast<size_t>(peer);
@@ -92,6 +106,7 @@ class Contexts {
 
   const Driver driver_;
   const int count_;
+  int driverVersion_ = 0;
   const std::unique_ptr<PerDevice[]> devices_;
   std::vector<bool> peerAccess_;  // [pair(device, peer)]: cudaDeviceCanAccessPeer, fixed
   const std::unique_ptr<std::once_flag[]> peerEnabled_;  // [pair(device, peer)]

@@ -54,6 +54,11 @@ class CudaDevice final : public Device {
   bool canAccessPeer(int device, int peer) const override {
     return contexts_.canAccessPeer(device, peer);
   }
+  const Properties& properties(int device) const override {
+    contexts_.checkDevice(device, "properties");
+    return contexts_.properties(device);
+  }
+  int driverVersion() const override { return contexts_.driverVersion(); }
 
   // ---- Memory: device memory from VmmMemory, host memory from HostMemory;
   // the MemoryMap's record says which an address is.

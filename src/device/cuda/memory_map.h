@@ -32,6 +32,9 @@ struct Mapping {
   bool imported = false;
   CUmemGenericAllocationHandle handle = 0;  // allocate(): for exportFd and free; 0 for imports
   int hostFd = -1;                          // allocateHost(): the memfd behind it
+  // allocate() on a device without virtual memory management: cudaMalloc'd,
+  // freed by cudaFree, never exported.
+  bool runtime = false;
 };
 
 class MemoryMap {

@@ -20,6 +20,7 @@ void* VmmMemory::allocate(int device, size_t bytes) {
   const std::string what = format("allocate(%zu bytes, device %d)", bytes, device);
   ContextScope scope(contexts_, device);
   cudaStream_t stream = contexts_.privateStream(device);  // first: nothing to undo if it throws
+  if (!contexts_.properties(device).virtualMemory) return allocateWithRuntime(device, bytes, what);
   const CUmemAllocationProp prop = allocationProp(device);
   const size_t granularity = granularityOf(prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, what);
   const size_t size = roundUp(bytes, granularity, what);
@@ -44,6 +45,29 @@ void* VmmMemory::allocate(int device, size_t bytes) {
     fail(zeroed, format("%s: zero-filling it (cudaMemsetAsync, %zu bytes)", what.c_str(), size));
   }
   memory_.remember(base, Mapping{size, device, /*imported=*/false, handle});
+  return pointer;
+}
+
+// Without virtual memory management (some virtual machines and vGPUs), the
+// runtime's memory: kernels of this process use it as any other (peer
+// access is enabled per pair by Contexts::reaches), but no other process
+// can map it, so exportFd() refuses it and the FIFOs to other processes are
+// staged through host memory (Properties::fdHandles is false).
+void* VmmMemory::allocateWithRuntime(int device, size_t bytes, const std::string& what) {
+  const size_t size = roundUp(bytes, 256, what);
+  void* pointer = nullptr;
+  if (const cudaError_t rc = cudaMalloc(&pointer, size); rc != cudaSuccess)
+    fail(rc, what + ": cudaMalloc (the device has no virtual memory management)");
+  cudaStream_t stream = contexts_.privateStream(device);
+  cudaError_t zeroed = cudaMemsetAsync(pointer, 0, size, stream);
+  if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream);
+  if (zeroed != cudaSuccess) {
+    static_cast<void>(cudaFree(pointer));
+    fail(zeroed, format("%s: zero-filling it (cudaMemsetAsync, %zu bytes)", what.c_str(), size));
+  }
+  Mapping mapping{size, device, /*imported=*/false, 0};
+  mapping.runtime = true;
+  memory_.remember(addressOf(pointer), mapping);
   return pointer;
 }
 
@@ -80,6 +104,12 @@ void* VmmMemory::import(int fd, size_t bytes, int device) {
 
 void VmmMemory::free(void* base, const Mapping& mapping) {
   ContextScope scope(contexts_, mapping.device);
+  if (mapping.runtime) {
+    if (const cudaError_t rc = cudaFree(base); rc != cudaSuccess)
+      fail(rc,
+           format("free(%p, %zu bytes, device %d): cudaFree", base, mapping.bytes, mapping.device));
+    return;
+  }
   const Driver& driver = contexts_.driver();
   const char* call = nullptr;
   CUresult rc = unmap(addressOf(base), mapping.bytes, &call);
@@ -103,6 +133,14 @@ void VmmMemory::unimport(void* base, const Mapping& mapping) {
 }
 
 int VmmMemory::exportFd(const void* base, const Mapping& mapping) {
+  const Properties& device = contexts_.properties(mapping.device);
+  if (mapping.runtime || !device.fdHandles)
+    throw Error(ErrorCode::SystemError,
+                format("braid: cuda device: exportFd(%p, device %d): the device has no %s, so "
+                       "no other process can map its memory",
+                       base, mapping.device,
+                       device.virtualMemory ? "POSIX-fd handles for cuMem memory"
+                                            : "virtual memory management"));
   int fd = -1;
   const Driver& driver = contexts_.driver();
   const CUresult rc = driver.memExportToShareableHandle(
@@ -129,6 +167,13 @@ int VmmMemory::exportDmabuf(const void* base, size_t bytes, uint64_t* offset, st
                 format("braid: cuda device: exportDmabuf: %zu bytes at %p, and the allocation "
                        "has %zu",
                        bytes, base, mapping.bytes));
+  if (mapping.runtime) {
+    *whyNot = format(
+        "device %d has no virtual memory management, and braid exports dma-bufs "
+        "of cuMem memory only",
+        mapping.device);
+    return -1;
+  }
   const bool dmabuf = contexts_.dmabuf(mapping.device);
   if (!dmabuf || !contexts_.rdmaWithVmm(mapping.device)) {
     *whyNot = format("device %d %s", mapping.device,
@@ -158,7 +203,9 @@ CUmemAllocationProp VmmMemory::allocationProp(int device) const {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.requestedHandleTypes = contexts_.properties(device).fdHandles
+                                  ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                  : CU_MEM_HANDLE_TYPE_NONE;
   prop.allocFlags.gpuDirectRDMACapable = contexts_.rdmaWithVmm(device) ? 1 : 0;
   return prop;
 }

@@ -5,7 +5,9 @@
 // Same-host processes get it as a file descriptor
 // (cuMemExportToShareableHandle) and map it with import(); a NIC gets it as
 // a dma-buf (cuMemGetHandleForAddressRange) for GPUDirect RDMA. Every
-// mapping is recorded in the MemoryMap.
+// mapping is recorded in the MemoryMap. A device without virtual memory
+// management gets cudaMalloc'd memory instead, and one without POSIX-fd
+// handles cuMem memory without them: neither is exported (Properties).
 //
 // Threading: every method may be called from any thread. This holds no
 // state of its own: the record is the MemoryMap's (locked there), the
@@ -46,6 +48,7 @@ class VmmMemory {
   int exportDmabuf(const void* base, size_t bytes, uint64_t* offset, std::string* whyNot);
 
  private:
+  void* allocateWithRuntime(int device, size_t bytes, const std::string& what);
   CUmemAllocationProp allocationProp(int device) const;
   size_t granularityOf(const CUmemAllocationProp& prop, CUmemAllocationGranularity_flags which,
                        const std::string& what) const;

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -209,19 +210,73 @@ void foldInputs(const ReduceArgs& args) {
 
 // ---- The device.
 
+// The GPUs BRAID_EMULATED_VISIBLE_DEVICES lets this process see, in its
+// order ("2,0": device 0 is GPU 2), as CUDA_VISIBLE_DEVICES does; all
+// kDevices where it is empty. Throws Error(InvalidArgument) naming the knob.
+std::vector<int> visibleGpus() {
+  const std::string text = knobText("BRAID_EMULATED_VISIBLE_DEVICES");
+  std::vector<int> gpus;
+  if (text.empty()) {
+    for (int gpu = 0; gpu < kDevices; ++gpu) gpus.push_back(gpu);
+    return gpus;
+  }
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const bool digit = item.size() == 1 && item[0] >= '0' && item[0] < '0' + kDevices;
+    const int gpu = digit ? item[0] - '0' : -1;
+    if (gpu < 0 || std::find(gpus.begin(), gpus.end(), gpu) != gpus.end())
+      throw Error(ErrorCode::InvalidArgument,
+                  format("braid: BRAID_EMULATED_VISIBLE_DEVICES is '%s': it lists GPUs 0 to %d, "
+                         "each at most once, separated by commas",
+                         text.c_str(), kDevices - 1));
+    gpus.push_back(gpu);
+    at = comma + 1;
+  }
+  return gpus;
+}
+
+// An emulated GPU's properties: its UUID is the same in every process.
+Properties propertiesOf(int gpu, bool fdHandles) {
+  Properties p;
+  p.name = format("emulated GPU %d", gpu);
+  const char tag[] = "braid-emulated";  // 14 bytes, then the GPU's number
+  std::memcpy(p.uuid.data(), tag, sizeof tag - 1);
+  p.uuid[15] = static_cast<uint8_t>(gpu);
+  p.multiprocessors = 1;
+  p.virtualMemory = true;
+  p.fdHandles = fdHandles;
+  p.dmabuf = true;
+  p.rdmaWithVmm = true;
+  p.unifiedAddressing = true;
+  p.pageableMemoryAccess = true;  // it is host memory
+  return p;
+}
+
 class EmulatedDevice final : public Device {
  public:
+  // Throws Error(InvalidArgument) for a bad BRAID_EMULATED_VISIBLE_DEVICES.
+  EmulatedDevice() : gpus_(visibleGpus()) {
+    for (int gpu : gpus_) properties_.push_back(propertiesOf(gpu, fdHandles_));
+  }
+
   const char* name() const override { return "emulated"; }
-  int count() const override { return kDevices; }
+  int count() const override { return static_cast<int>(gpus_.size()); }
   int current() const override { return current_; }
   void setCurrent(int device) override {
     checkDevice(device, "setCurrent");
     current_ = device;
   }
   bool canAccessPeer(int device, int peer) const override {
-    return device >= 0 && device < kDevices && peer >= 0 && peer < kDevices &&
+    return device >= 0 && device < count() && peer >= 0 && peer < count() &&
            (device == peer || peerAccess_);
   }
+  const Properties& properties(int device) const override {
+    checkDevice(device, "properties");
+    return properties_[static_cast<size_t>(device)];
+  }
+  int driverVersion() const override { return 0; }
 
   void* allocate(int device, size_t bytes) override {
     checkDevice(device, "allocate");
@@ -260,17 +315,26 @@ class EmulatedDevice final : public Device {
   }
 
   int exportFd(const void* base) override {
-    int fd = -1;
+    int fd = -1, device = -1;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
-      if (it != allocations_.end()) fd = it->second.fd;
+      if (it != allocations_.end()) {
+        fd = it->second.fd;
+        device = it->second.device;
+      }
     }
     if (fd < 0)
       throw Error(ErrorCode::InvalidArgument,
                   format("braid: emulated device: exportFd: %p is not the start of memory from "
                          "allocate()",
                          base));
+    if (!fdHandles_ && device >= 0)
+      throw Error(ErrorCode::SystemError,
+                  format("braid: emulated device: exportFd(%p): device %d has no POSIX-fd "
+                         "handles (BRAID_EMULATED_FD_HANDLES=0): its memory cannot be mapped by "
+                         "another process",
+                         base, device));
     const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0)
       throw Error(ErrorCode::SystemError,
@@ -465,11 +529,11 @@ class EmulatedDevice final : public Device {
                          what));
   }
 
-  static void checkDevice(int device, const char* what) {
-    if (device < 0 || device >= kDevices)
+  void checkDevice(int device, const char* what) const {
+    if (device < 0 || device >= count())
       throw Error(ErrorCode::InvalidArgument,
                   format("braid: emulated device: %s: device %d does not exist (devices 0 to %d)",
-                         what, device, kDevices - 1));
+                         what, device, count() - 1));
   }
 
   static void checkReduce(const ReduceArgs& args) {
@@ -527,7 +591,12 @@ class EmulatedDevice final : public Device {
   // BRAID_EMULATED_PEER_ACCESS=0: devices do not reach each other, as GPUs
   // on different PCIe roots without NVLink.
   const bool peerAccess_ = knobText("BRAID_EMULATED_PEER_ACCESS") != "0";
-  std::mutex mutex_;  // guards allocations_
+  // BRAID_EMULATED_FD_HANDLES=0: exportFd() refuses device memory, as on a
+  // GPU without cuMem POSIX-fd handles (some virtual machines and vGPUs).
+  const bool fdHandles_ = knobText("BRAID_EMULATED_FD_HANDLES") != "0";
+  const std::vector<int> gpus_;         // the GPU each device of this process is
+  std::vector<Properties> properties_;  // [device]
+  std::mutex mutex_;                    // guards allocations_
   std::map<uintptr_t, Allocation> allocations_;
   std::atomic<size_t> count_{0};  // allocations_.size(), read without the lock
 };

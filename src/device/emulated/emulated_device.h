@@ -14,9 +14,13 @@
 //   write stores and wakes the waiters. Destroying a stream returns at
 //   once; what was queued on it still runs, as on a GPU.
 //
-// kDevices devices exist; each thread's current device starts at 0. Every
-// device reaches every other one (as if all had peer access), unless
-// BRAID_EMULATED_PEER_ACCESS=0 says none does.
+// kDevices GPUs exist; a process sees them all, or those
+// BRAID_EMULATED_VISIBLE_DEVICES names (as CUDA_VISIBLE_DEVICES: its device
+// numbers are the list's order, and a GPU's UUID is the same everywhere).
+// Each thread's current device starts at 0. Every device reaches every
+// other one (as if all had peer access), unless BRAID_EMULATED_PEER_ACCESS=0
+// says none does; BRAID_EMULATED_FD_HANDLES=0 makes device memory
+// unexportable, as on GPUs without cuMem POSIX-fd handles.
 #pragma once
 
 #include <memory>
@@ -27,6 +31,7 @@ namespace braid::device::emulated {
 
 inline constexpr int kDevices = 8;
 
+// Throws Error(InvalidArgument) for a bad BRAID_EMULATED_VISIBLE_DEVICES.
 std::unique_ptr<Device> create();
 
 }  // namespace braid::device::emulated
