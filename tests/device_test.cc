@@ -256,6 +256,91 @@ TEST_P(DeviceTest, DevicesWithoutPeerAccessStageThroughHostMemory) {
   ::unsetenv("BRAID_EMULATED_PEER_ACCESS");
 }
 
+// GPUs are told apart by UUID, not by device number: with
+// CUDA_VISIBLE_DEVICES (here its emulated twin) each process numbers the
+// GPUs it sees from 0. Rank 0 sees GPUs 1 and 0 and uses GPU 0 (its device
+// 1), rank 1 sees GPU 0 alone (its device 0), rank 2 sees both and uses GPU
+// 1 (its device 1): ranks 0 and 1 share a GPU, ranks 0 and 2 have peer
+// access, and rank 1 cannot see rank 2's GPU, so their FIFOs are staged.
+TEST_P(DeviceTest, RanksShareAGpuByItsUuidWhateverItsNumberInEachProcess) {
+  if (std::string(GetParam()) != "emulated")
+    GTEST_SKIP() << "the GPUs a process sees are set here through the emulated device's "
+                    "BRAID_EMULATED_VISIBLE_DEVICES; CUDA_VISIBLE_DEVICES cannot change once "
+                    "the test's process started CUDA";
+  RunOptions run = options();
+  run.enter = [](int rank) {
+    const char* visible[] = {"1,0", "0", "0,1"};
+    const int device[] = {1, 0, 1};
+    ::setenv("BRAID_EMULATED_VISIBLE_DEVICES", visible[rank], 1);
+    device::select("emulated");
+    device::current()->setCurrent(device[rank]);
+  };
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        const char* expected[3][3] = {
+            {"self", "cuda_ipc: same device", "cuda_ipc: peer access"},
+            {"cuda_ipc: same device", "self", "cuda_ipc: staged through host memory"},
+            {"cuda_ipc: peer access", "cuda_ipc: staged through host memory", "self"},
+        };
+        const std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
+        for (int peer = 0; peer < comm.size(); ++peer)
+          require(paths[peer] == expected[comm.rank()][peer],
+                  format("rank %d reaches rank %d by '%s', not '%s'", comm.rank(), peer,
+                         paths[peer].c_str(), expected[comm.rank()][peer]));
+        TestStream stream(deviceOf(comm));
+        uint64_t seed = 23;
+        for (Coll coll : kAllColls)
+          for (size_t count : {size_t{5}, (size_t{1} << 16) + 3}) {
+            const std::string problem = runCase(
+                comm, stream, {coll, DataType::Float32, ReduceOp::Sum, count, false, 1}, ++seed);
+            require(problem.empty(), problem);
+          }
+      },
+      run);
+}
+
+// A GPU whose memory no other process can map (no cuMem POSIX-fd handles,
+// as on some virtual machines; BRAID_EMULATED_FD_HANDLES=0 here): the
+// communicator still comes up, its FIFOs to other processes staged through
+// host memory, and every collective matches.
+TEST_P(DeviceTest, DevicesWithoutExportableMemoryStageThroughHostMemory) {
+  if (std::string(GetParam()) != "emulated")
+    GTEST_SKIP() << "a GPU without POSIX-fd handles is posed by the emulated device "
+                    "(BRAID_EMULATED_FD_HANDLES=0)";
+  ::setenv("BRAID_EMULATED_FD_HANDLES", "0", 1);
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        device::Device& device = device::require("the test");
+        require(!device.properties(deviceOf(comm)).fdHandles, "the device exports its memory");
+        void* memory = device.allocate(deviceOf(comm), 4096);
+        bool refused = false;
+        try {
+          ::close(device.exportFd(memory));
+        } catch (const Error& error) {
+          refused = std::string(error.what()).find("POSIX-fd") != std::string::npos;
+        }
+        device.free(memory);
+        require(refused, "exportFd did not refuse device memory, naming POSIX-fd handles");
+        const std::vector<std::string> paths = braid::detail::peerDevicePaths(comm);
+        for (int peer = 0; peer < comm.size(); ++peer)
+          if (peer != comm.rank())
+            require(paths[peer] == "cuda_ipc: staged through host memory",
+                    format("rank %d is reached by '%s'", peer, paths[peer].c_str()));
+        TestStream stream(deviceOf(comm));
+        uint64_t seed = 31;
+        for (Coll coll : kAllColls)
+          for (size_t count : {size_t{5}, (size_t{1} << 16) + 3}) {
+            const std::string problem = runCase(
+                comm, stream, {coll, DataType::Int32, ReduceOp::Sum, count, true, 1}, ++seed);
+            require(problem.empty(), problem);
+          }
+      },
+      options());
+  ::unsetenv("BRAID_EMULATED_FD_HANDLES");
+}
+
 // ---- Send and receive.
 
 TEST_P(DeviceTest, GroupedSendsAndReceivesToEveryPeerAt3Ranks) {

@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -34,12 +36,46 @@ struct Notice {
   int32_t reason;  // Failure: a GiveUpReason
 };
 
-// What each rank tells the others at set-up.
+// What each rank tells the others at set-up. Device numbers mean nothing
+// across processes (CUDA_VISIBLE_DEVICES renumbers), so GPUs are named by
+// UUID: the rank's own, and those its process sees (the first kSeen).
+constexpr int kSeen = 16;
 struct Advert {
   char listener[64];
-  uint64_t process;  // processToken()
-  int32_t device;
+  uint64_t process;    // processToken()
+  int32_t device;      // in its process: meaningful to ranks of the same process
+  int32_t exportable;  // 1: its device memory can be exported (Properties::fdHandles)
+  int32_t seenCount;
+  std::array<uint8_t, 16> uuid;  // its GPU's
+  std::array<uint8_t, 16> seen[kSeen];
+
+  bool sees(const std::array<uint8_t, 16>& gpu) const {
+    for (int i = 0; i < seenCount && i < kSeen; ++i)
+      if (seen[i] == gpu) return true;
+    return false;
+  }
 };
+
+// How rank `mine` reaches another process's rank `theirs` (both on this
+// host), decided alike on both sides from the two adverts: the same GPU, or
+// two GPUs each process sees with peer access between them (asked of this
+// process's device, as peer access goes both ways), and in both cases
+// memory both can export; else FIFOs staged through host memory.
+struct PairReach {
+  bool sameGpu = false;
+  bool staged = true;
+};
+PairReach reachOf(const device::Device& device, const Advert& mine, const Advert& theirs) {
+  PairReach reach;
+  reach.sameGpu = mine.uuid == theirs.uuid;
+  bool mapped = reach.sameGpu;
+  if (!mapped && mine.sees(theirs.uuid) && theirs.sees(mine.uuid)) {
+    const int peer = device.deviceWithUuid(theirs.uuid);
+    mapped = peer >= 0 && device.canAccessPeer(mine.device, peer);
+  }
+  reach.staged = !mapped || mine.exportable == 0 || theirs.exportable == 0;
+  return reach;
+}
 
 // What a pair exchanges with the descriptor of its block.
 struct BlockInfo {
@@ -117,7 +153,7 @@ class CudaIpcTransport final : public DeviceTransport {
     if (!p.local) return "none";
     if (peer == rank_) return "self";
     const char* how = p.staged || p.remoteStaged ? "staged through host memory"
-                      : p.device == myDevice_    ? "same device"
+                      : p.sameGpu                ? "same device"
                                                  : "peer access";
     return std::string(p.inProcess ? "nvlink_p2p: " : "cuda_ipc: ") + how;
   }
@@ -127,7 +163,6 @@ class CudaIpcTransport final : public DeviceTransport {
   // of some waiting for the others until the deadline.
   void setUp(bootstrap::Bootstrap& bootstrap, const std::vector<int>& peers, int deviceIndex,
              net::Deadline deadline) {
-    myDevice_ = deviceIndex;
     job_ = bootstrap.secret();
     const int nranks = bootstrap.size();
     std::vector<bool> served(static_cast<size_t>(nranks), false);
@@ -143,6 +178,10 @@ class CudaIpcTransport final : public DeviceTransport {
     std::snprintf(mine.listener, sizeof(mine.listener), "%s", listener.name().c_str());
     mine.process = processToken();
     mine.device = deviceIndex;
+    mine.exportable = device_.properties(deviceIndex).fdHandles ? 1 : 0;
+    mine.uuid = device_.properties(deviceIndex).uuid;
+    mine.seenCount = std::min(device_.count(), kSeen);
+    for (int d = 0; d < mine.seenCount; ++d) mine.seen[d] = device_.properties(d).uuid;
     bootstrap.allGather(adverts.data(), sizeof(Advert), deadline);
     for (int r = 0; r < nranks; ++r)
       peers_[r].inProcess = r != rank_ && local(r) && adverts[r].process == mine.process;
@@ -153,10 +192,20 @@ class CudaIpcTransport final : public DeviceTransport {
       for (int r = 0; r < nranks; ++r) {
         if (!local(r)) continue;
         Peer& peer = peers_[r];
-        peer.device = adverts[r].device;
-        // Without peer access between the two devices, this rank's block
-        // for the peer is page-locked host memory that both reach.
-        peer.staged = r != rank_ && !device_.canAccessPeer(deviceIndex, peer.device);
+        // Without peer access between the two devices, or memory that
+        // cannot be exported, this rank's block for the peer is page-locked
+        // host memory that both reach.
+        if (r == rank_) {
+          peer.sameGpu = true;
+          peer.staged = false;
+        } else if (peer.inProcess) {  // device numbers of one process
+          peer.sameGpu = adverts[r].device == deviceIndex;
+          peer.staged = !device_.canAccessPeer(deviceIndex, adverts[r].device);
+        } else {
+          const PairReach reach = reachOf(device_, mine, adverts[r]);
+          peer.sameGpu = reach.sameGpu;
+          peer.staged = reach.staged;
+        }
         peer.local =
             static_cast<std::byte*>(peer.staged ? device_.allocateHost(blockBytes())
                                                 : device_.allocate(deviceIndex, blockBytes()));
@@ -280,7 +329,7 @@ class CudaIpcTransport final : public DeviceTransport {
     // owned jointly with the peer instead of freed and unmapped here.
     bool inProcess = false;
     BlockRef localBlock, remoteBlock;
-    int device = -1;
+    bool sameGpu = false;       // the peer's GPU is this rank's
     bool staged = false;        // `local` is host memory (no peer access between the devices)
     bool remoteStaged = false;  // so is `remote`
     net::Socket channel;        // none for this rank itself and peers not served
@@ -361,7 +410,6 @@ class CudaIpcTransport final : public DeviceTransport {
   uint64_t job_ = 0;  // the bootstrap's secret: names this job's blocks in shared_blocks.h's table
   const size_t slotBytes_;
   const int slots_;
-  int myDevice_ = -1;
   std::vector<Peer> peers_;
   std::vector<pollfd> fds_;  // poll()'s scratch, kept to avoid allocating
   std::vector<int> owners_;
