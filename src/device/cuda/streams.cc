@@ -252,7 +252,7 @@ uint32_t Streams::readFlagNow(const uint32_t* flag) {
   const int device = memory_.deviceOf(flag);
   if (device < 0) return __atomic_load_n(flag, __ATOMIC_SEQ_CST);
   uint32_t value = 0;
-  transferNow(device, &value, flag, sizeof value, "readFlagNow");
+  transferNow(device, &value, flag, sizeof value, Pageable::Dst, "readFlagNow");
   return value;
 }
 
@@ -264,7 +264,11 @@ void Streams::copyNow(void* dst, const void* src, size_t bytes) {
     std::memmove(dst, src, bytes);
     return;
   }
-  transferNow(device, dst, src, bytes, "copyNow");
+  const Pageable pageable = memory_.deviceOf(dst) < 0 && !memory_.pageLocked(dst) ? Pageable::Dst
+                            : memory_.deviceOf(src) < 0 && !memory_.pageLocked(src)
+                                ? Pageable::Src
+                                : Pageable::None;
+  transferNow(device, dst, src, bytes, pageable, "copyNow");
 }
 
 void Streams::checkReduce(const ReduceArgs& args) {
@@ -298,15 +302,47 @@ void Streams::checkReach(int device, const void* pointer) {
                      device, pointer, other, device));
 }
 
-// Copies on `device`'s private stream and waits.
-void Streams::transferNow(int device, void* dst, const void* src, size_t bytes, const char* what) {
+// Copies on `device`'s private stream and waits, at most kPrivateWait for
+// each piece. A copy between device memory and pageable host memory would
+// return only once done, however long the device takes to run it (a copy
+// to pageable memory is synchronous), so such a copy goes through the
+// device's page-locked bounce buffer in pieces: each is an asynchronous
+// copy that finishPrivate() waits for with its deadline. A piece that
+// missed its deadline may still land in the bounce buffer later; the next
+// user's copies queue behind it on the same stream, so it never overwrites
+// theirs.
+void Streams::transferNow(int device, void* dst, const void* src, size_t bytes, Pageable pageable,
+                          const char* what) {
   ContextScope scope(contexts_, device);
   cudaStream_t stream = contexts_.privateStream(device);
-  const cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
-  if (rc != cudaSuccess)
-    fail(rc, format("%s(%zu bytes from %p to %p, device %d): cudaMemcpyAsync", what, bytes, src,
-                    dst, device));
-  finishPrivate(stream, device, what);
+  auto copy = [&](void* to, const void* from, size_t n) {
+    const cudaError_t rc = cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, stream);
+    if (rc != cudaSuccess)
+      fail(rc, format("%s(%zu bytes from %p to %p, device %d): cudaMemcpyAsync", what, n, from, to,
+                      device));
+  };
+  if (pageable == Pageable::None) {
+    copy(dst, src, bytes);
+    finishPrivate(stream, device, what);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(contexts_.bounceMutex(device));
+  std::byte* bounce = contexts_.bounce(device);
+  auto* to = static_cast<std::byte*>(dst);
+  const auto* from = static_cast<const std::byte*>(src);
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(bytes - done, Contexts::kBounceBytes);
+    if (pageable == Pageable::Src) {
+      std::memcpy(bounce, from + done, n);
+      copy(to + done, bounce, n);
+      finishPrivate(stream, device, what);
+    } else {
+      copy(bounce, from + done, n);
+      finishPrivate(stream, device, what);
+      std::memcpy(to + done, bounce, n);
+    }
+    done += n;
+  }
 }
 
 // Waits for the private stream, at most kPrivateWait: the device may

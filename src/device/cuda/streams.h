@@ -59,7 +59,11 @@ class Streams {
  private:
   static void checkReduce(const ReduceArgs& args);
   void checkReach(int device, const void* pointer);
-  void transferNow(int device, void* dst, const void* src, size_t bytes, const char* what);
+  // Which side of a host-side copy is pageable host memory (the other is
+  // device memory, or page-locked).
+  enum class Pageable : uint8_t { None, Src, Dst };
+  void transferNow(int device, void* dst, const void* src, size_t bytes, Pageable pageable,
+                   const char* what);
   void finishPrivate(cudaStream_t stream, int device, const char* what);
 
   // How long finishPrivate() waits for a private stream.
