@@ -21,8 +21,8 @@ constexpr auto kLongestProxyTurn = std::chrono::microseconds(1000);
 DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
     : impl_(impl),
       staged_(staged),
-      // The counters, then the proxy's flag.
-      bytes_((static_cast<size_t>(impl.nranks) * kSignals + 1) * sizeof(uint32_t)),
+      // The counters.
+      bytes_(static_cast<size_t>(impl.nranks) * kSignals * sizeof(uint32_t)),
       raised_(static_cast<size_t>(impl.nranks) * kSignals),
       consumed_(static_cast<size_t>(impl.nranks) * kSignals),
       stagedRaised_(static_cast<size_t>(impl.nranks) * kSignals) {
@@ -34,6 +34,12 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
     board_ = static_cast<std::byte*>(device.allocate(impl.deviceIndex, bytes_));
     const std::vector<uint32_t> zeros(bytes_ / sizeof(uint32_t));
     device.copyNow(board_, zeros.data(), bytes_);
+    // The proxy's flag, which the host writes and a stream waits on: in
+    // host memory, so that the write is a store. A write into device
+    // memory would be queued on a stream, and the device may run that
+    // stream's work behind streams blocked in waits (they share its
+    // hardware queues), the very wait this write is to release among them.
+    sent_ = static_cast<uint32_t*>(device.allocateHost(sizeof(uint32_t)));
   } catch (const Error& error) {
     failed = error;
   }
@@ -42,12 +48,12 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
   try {
     impl.bootstrap->allGather(made.data(), 1, deadlineAfter(impl.timeout()));
   } catch (...) {
-    if (board_) device.free(board_);
+    freeBoard();
     throw;
   }
   for (int r = 0; r < impl.nranks; ++r) {
     if (made[static_cast<size_t>(r)]) continue;
-    if (board_) device.free(board_);
+    freeBoard();
     if (r == impl.rank) throw *failed;
     throw Error(ErrorCode::SystemError,
                 format("rank %d could not make its device signal board", r));
@@ -59,9 +65,16 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
     boards_ = transport::mapWindow(impl.deviceSetup(), impl.wiring, board_, bytes_);
   } catch (...) {
     staged_.setDeviceRaise(nullptr);
-    device.free(board_);
+    freeBoard();
     throw;
   }
+}
+
+void DeviceSignals::freeBoard() {
+  if (board_) impl_.device->free(board_);
+  if (sent_) impl_.device->free(sent_);
+  board_ = nullptr;
+  sent_ = nullptr;
 }
 
 DeviceSignals::~DeviceSignals() {
@@ -70,7 +83,7 @@ DeviceSignals::~DeviceSignals() {
   try {
     for (device::EventHandle event : freeEvents_) impl_.device->destroyEvent(event);
     transport::unmapWindow(*impl_.device, boards_, bytes_);
-    impl_.device->free(board_);
+    freeBoard();
   } catch (const Error& error) {  // a broken device: nothing more to do about it
     BRAID_WARN(Exec, "freeing the device signal board failed: %s", error.what());
   }
@@ -94,9 +107,7 @@ uint32_t* DeviceSignals::slot(int owner, int source, int signal) const {
   return counters + static_cast<size_t>(source) * kSignals + signal;
 }
 
-uint32_t* DeviceSignals::sentFlag() const {
-  return reinterpret_cast<uint32_t*>(board_) + static_cast<size_t>(impl_.nranks) * kSignals;
-}
+uint32_t* DeviceSignals::sentFlag() const { return sent_; }
 
 Work DeviceSignals::enqueue(const char* name, int peer, size_t count, const void* source,
                             void* target, size_t bytes, const std::vector<device::FlagOp>& flags,

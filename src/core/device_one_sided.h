@@ -89,6 +89,8 @@ class DeviceSignals {
 
   uint32_t* slot(int owner, int source, int signal) const;
   uint32_t* sentFlag() const;
+  // Frees board_ and sent_ (either may be null).
+  void freeBoard();
   // `count` names the op: bytes put, or raises made or waited for.
   Work enqueue(const char* name, int peer, size_t count, const void* source, void* target,
                size_t bytes, const std::vector<device::FlagOp>& flags,
@@ -103,6 +105,7 @@ class DeviceSignals {
   OneSided& staged_;
   size_t bytes_ = 0;
   std::byte* board_ = nullptr;                 // this rank's, allocated here
+  uint32_t* sent_ = nullptr;                   // sentFlag(): page-locked host memory
   std::vector<transport::PeerWindow> boards_;  // every rank's, as mapped here
   std::vector<uint32_t> raised_;               // per (peer, signal): raises sent so far
   std::vector<uint32_t> consumed_;             // per (source, signal): raises waited for

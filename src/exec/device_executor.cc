@@ -53,10 +53,18 @@ bool DeviceExecutor::hasGraphFifos() {
 }
 
 void DeviceExecutor::setGraphFifos(std::unique_ptr<transport::DeviceTransport> graphs) {
-  // Its counters, zeroed: sent, then received, a word per peer, then the
-  // abort word.
-  const size_t countersBytes = (2 * static_cast<size_t>(nranks_) + 1) * sizeof(uint32_t);
+  // Its counters, zeroed: sent, then received, a word per peer. The abort
+  // word, which the host writes, is in host memory: a store, never queued
+  // behind streams blocked in waits on the device's shared hardware queues.
+  const size_t countersBytes = 2 * static_cast<size_t>(nranks_) * sizeof(uint32_t);
   auto* counters = static_cast<uint32_t*>(device_.allocate(deviceIndex_, countersBytes));
+  uint32_t* abort = nullptr;
+  try {
+    abort = static_cast<uint32_t*>(device_.allocateHost(sizeof(uint32_t)));
+  } catch (...) {
+    device_.free(counters);
+    throw;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   graphMemoryBytes_ += countersBytes;
   graphTransport_ = std::move(graphs);
@@ -65,7 +73,7 @@ void DeviceExecutor::setGraphFifos(std::unique_ptr<transport::DeviceTransport> g
              static_cast<uint64_t>(graphTransport_->slots()),
              counters,
              counters + nranks_,
-             counters + 2 * nranks_};
+             abort};
 }
 
 DeviceExecutor::~DeviceExecutor() {
@@ -91,6 +99,7 @@ DeviceExecutor::~DeviceExecutor() {
     graphTransport_->keepMemory();
     graphMemory_.clear();
     graphs_.sent = nullptr;
+    graphs_.abort = nullptr;  // replays may still read it
   }
   stopping_ = true;
   lock.unlock();
@@ -103,6 +112,7 @@ DeviceExecutor::~DeviceExecutor() {
     if (scratch_) device_.free(scratch_);
     for (std::byte* memory : graphMemory_) device_.free(memory);
     if (graphs_.sent) device_.free(graphs_.sent);
+    if (graphs_.abort) device_.free(graphs_.abort);
     if (sends_) device_.destroyStream(sends_);
   } catch (const Error& error) {
     BRAID_WARN(Exec, "device executor: freeing its device resources failed: %s", error.what());

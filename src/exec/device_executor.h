@@ -316,7 +316,7 @@ class DeviceExecutor {
     uint64_t slots = 0;
     uint32_t* sent = nullptr;
     uint32_t* received = nullptr;
-    uint32_t* abort = nullptr;  // not 0: every wait of a replay passes (the communicator failed)
+    uint32_t* abort = nullptr;  // host memory; not 0: every wait of a replay passes (failed)
   };
   Channel main_;
 
