@@ -7,6 +7,7 @@
 //   braid-info --tuning   the algorithm braid picks per collective and size, and the
 //                         time the cost model predicts for it
 //   braid-info --algorithms [C] [--names]   every algorithm, from the catalog
+//   braid-info --device   the device, its properties, and each device-seam call checked
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -32,6 +33,7 @@
 #include "core/introspect.h"
 #include "core/knobs.h"
 #include "device/device.h"
+#include "tools/device_probe.h"
 #include "transports/table.h"
 #include "transports/wiring.h"
 #include "tuning/algo_choice.h"
@@ -46,7 +48,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: braid-info [--config [--markdown] | --peers |\n"
     "                   --tuning [--ranks N] [--transport T] [--measure] |\n"
-    "                   --algorithms [COLLECTIVE] [--names]]\n"
+    "                   --algorithms [COLLECTIVE] [--names] | --device]\n"
     "  (no option)  version, build features, transports, host identity, interfaces\n"
     "  --config     every knob with its effective value, its source and what it does;\n"
     "               with --markdown, the knob table alone (no values: the same on every\n"
@@ -64,6 +66,10 @@ constexpr const char* kUsage =
     "               COLLECTIVE: its schedule and cost per rank and the shapes it needs;\n"
     "               with --names, the names alone of COLLECTIVE's algorithms that run on\n"
     "               host buffers of ranks on one host (as braid-perf runs them), on one line\n"
+    "  --device     the device braid would use (BRAID_DEVICE), each device's properties\n"
+    "               (UUID, bus id, virtual memory management, POSIX-fd handles, dma-buf,\n"
+    "               unified addressing), then every device-seam call made once and checked;\n"
+    "               the first that fails ends it, named with its error (exit status 1)\n"
     "  -h, --help   print this help\n"
     "\n"
     "Hang reports: send SIGUSR1 to a rank (kill -USR1 PID; to braid-run, which passes it\n"
@@ -417,7 +423,7 @@ int printAlgorithms(const std::string& only, bool names) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  enum class Mode { Overview, Config, Peers, Tuning, Algorithms } mode = Mode::Overview;
+  enum class Mode { Overview, Config, Peers, Tuning, Algorithms, Device } mode = Mode::Overview;
   std::string collective;  // --algorithms COLLECTIVE
   bool names = false;      // --algorithms --names
   int ranks = 2;
@@ -442,6 +448,8 @@ int main(int argc, char** argv) {
       chosen = Mode::Tuning;
     } else if (arg == "--algorithms") {
       chosen = Mode::Algorithms;
+    } else if (arg == "--device") {
+      chosen = Mode::Device;
     } else if (arg == "--names" && mode == Mode::Algorithms) {
       names = true;
       continue;
@@ -475,7 +483,8 @@ int main(int argc, char** argv) {
     }
     if (mode != Mode::Overview && mode != chosen) {
       std::fprintf(stderr,
-                   "braid-info: --config, --peers, --tuning and --algorithms are exclusive\n%s",
+                   "braid-info: --config, --peers, --tuning, --algorithms and --device are "
+                   "exclusive\n%s",
                    kUsage);
       return 2;
     }
@@ -493,6 +502,8 @@ int main(int argc, char** argv) {
         return printTuning(ranks, transport, measure);
       case Mode::Algorithms:
         return printAlgorithms(collective, names);
+      case Mode::Device:
+        return braid::tools::printDeviceProbe();
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-info: %s\n", e.what());
