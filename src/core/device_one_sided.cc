@@ -34,12 +34,13 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
     board_ = static_cast<std::byte*>(device.allocate(impl.deviceIndex, bytes_));
     const std::vector<uint32_t> zeros(bytes_ / sizeof(uint32_t));
     device.copyNow(board_, zeros.data(), bytes_);
-    // The proxy's flag, which the host writes and a stream waits on: in
-    // host memory, so that the write is a store. A write into device
-    // memory would be queued on a stream, and the device may run that
-    // stream's work behind streams blocked in waits (they share its
-    // hardware queues), the very wait this write is to release among them.
-    sent_ = static_cast<uint32_t*>(device.allocateHost(sizeof(uint32_t)));
+    // What the host writes and a stream waits on, the counters of staged
+    // sources' raises and the proxy's flag, is in host memory, so that a
+    // write is a store. A write into device memory would be queued on a
+    // stream, and the device may run that stream's work behind streams
+    // blocked in waits (they share its hardware queues), the very wait the
+    // write is to release among them.
+    host_ = static_cast<uint32_t*>(device.allocateHost(bytes_ + sizeof(uint32_t)));
   } catch (const Error& error) {
     failed = error;
   }
@@ -72,9 +73,9 @@ DeviceSignals::DeviceSignals(Communicator::Impl& impl, OneSided& staged)
 
 void DeviceSignals::freeBoard() {
   if (board_) impl_.device->free(board_);
-  if (sent_) impl_.device->free(sent_);
+  if (host_) impl_.device->free(host_);
   board_ = nullptr;
-  sent_ = nullptr;
+  host_ = nullptr;
 }
 
 DeviceSignals::~DeviceSignals() {
@@ -107,7 +108,13 @@ uint32_t* DeviceSignals::slot(int owner, int source, int signal) const {
   return counters + static_cast<size_t>(source) * kSignals + signal;
 }
 
-uint32_t* DeviceSignals::sentFlag() const { return sent_; }
+uint32_t* DeviceSignals::stagedSlot(int source, int signal) const {
+  return host_ + static_cast<size_t>(source) * kSignals + signal;
+}
+
+uint32_t* DeviceSignals::sentFlag() const {
+  return host_ + static_cast<size_t>(impl_.nranks) * kSignals;
+}
 
 Work DeviceSignals::enqueue(const char* name, int peer, size_t count, const void* source,
                             void* target, size_t bytes, const std::vector<device::FlagOp>& flags,
@@ -158,10 +165,11 @@ Work DeviceSignals::wait(const SignalWait* waits, size_t count, void* stream) {
     raises += w.count;
     // A staged source's raises come through its socket: it has left only
     // once that is read to its end.
+    const bool mapped = boards_[static_cast<size_t>(w.peer)].base != nullptr;
     boardWaits.push_back(
-        {slot(impl_.rank, w.peer, w.signal), consumed + static_cast<uint32_t>(w.count), w.peer,
-         w.signal,
-         boards_[static_cast<size_t>(w.peer)].base ? nullptr : staged_.linkClosed(w.peer)});
+        {mapped ? slot(impl_.rank, w.peer, w.signal) : stagedSlot(w.peer, w.signal),
+         consumed + static_cast<uint32_t>(w.count), w.peer, w.signal,
+         mapped ? nullptr : staged_.linkClosed(w.peer)});
   }
   Work work = enqueue("waitSignals", count == 1 ? waits[0].peer : -1, raises, nullptr, nullptr, 0,
                       {}, std::move(boardWaits), stream);
@@ -260,8 +268,7 @@ void DeviceSignals::proxy() {
 
 void DeviceSignals::raiseStaged(int source, int signal) {
   uint32_t& raised = stagedRaised_[static_cast<size_t>(source) * kSignals + signal];
-  auto* counters = reinterpret_cast<uint32_t*>(board_);
-  impl_.device->writeFlagNow(counters + static_cast<size_t>(source) * kSignals + signal, ++raised);
+  impl_.device->writeFlagNow(stagedSlot(source, signal), ++raised);
 }
 
 }  // namespace braid

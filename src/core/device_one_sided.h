@@ -89,7 +89,10 @@ class DeviceSignals {
 
   uint32_t* slot(int owner, int source, int signal) const;
   uint32_t* sentFlag() const;
-  // Frees board_ and sent_ (either may be null).
+  // Where this rank counts the raises of `signal` by `source`, a staged
+  // peer (its link thread writes them).
+  uint32_t* stagedSlot(int source, int signal) const;
+  // Frees board_ and host_ (either may be null).
   void freeBoard();
   // `count` names the op: bytes put, or raises made or waited for.
   Work enqueue(const char* name, int peer, size_t count, const void* source, void* target,
@@ -104,8 +107,10 @@ class DeviceSignals {
   Communicator::Impl& impl_;
   OneSided& staged_;
   size_t bytes_ = 0;
-  std::byte* board_ = nullptr;                 // this rank's, allocated here
-  uint32_t* sent_ = nullptr;                   // sentFlag(): page-locked host memory
+  std::byte* board_ = nullptr;  // this rank's, allocated here
+  // Page-locked host memory: the counters of staged sources' raises
+  // (stagedSlot), then the proxy's flag (sentFlag).
+  uint32_t* host_ = nullptr;
   std::vector<transport::PeerWindow> boards_;  // every rank's, as mapped here
   std::vector<uint32_t> raised_;               // per (peer, signal): raises sent so far
   std::vector<uint32_t> consumed_;             // per (source, signal): raises waited for
