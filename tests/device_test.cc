@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <regex>
 #include <thread>
@@ -749,6 +751,56 @@ TEST_P(DeviceTest, AReductionRefusesHostMemoryAKernelCannotTouchAndTakesPageLock
         stream.synchronize();
         require(locked[count - 1] == 9.0f, format("3 + (3 + 3) came out as %g", locked[count - 1]));
         device.free(locked);
+      },
+      options());
+}
+
+// More streams blocked in flag waits than a GPU has hardware queues (8
+// unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise): the host-side calls
+// the watchdog relies on still return within their deadline, answering or
+// failing, and a host write into a flag in page-locked host memory, a
+// store, releases every wait.
+TEST_P(DeviceTest, HostSideCallsKeepTheirDeadlineWhileManyStreamsWaitOnFlags) {
+  runRanks(
+      1,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        device::Device& device = device::require("the test");
+        constexpr int kStreams = 12;
+        auto* flag = static_cast<uint32_t*>(device.allocateHost(sizeof(uint32_t)));
+        std::vector<std::unique_ptr<TestStream>> streams;
+        for (int i = 0; i < kStreams; ++i) {
+          streams.push_back(std::make_unique<TestStream>(dev));
+          const device::FlagOp wait = device::FlagOp::wait(flag, 1);
+          device.flagOps(streams.back()->handle(), &wait, 1);
+        }
+        DeviceBuffer memory(dev, size_t{1} << 20);
+        std::vector<std::byte> pageable(size_t{1} << 20, std::byte{7});
+        // Each either answers or throws naming the queues, well within 15 s.
+        auto bounded = [](const char* what, const std::function<void()>& call) {
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            call();
+          } catch (const Error& error) {
+            require(
+                std::string(error.what()).find("CUDA_DEVICE_MAX_CONNECTIONS") != std::string::npos,
+                format("%s failed: %s", what, error.what()));
+          }
+          const double seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          require(seconds < 15, format("%s took %.1f s", what, seconds));
+        };
+        bounded("copyNow into device memory",
+                [&] { device.copyNow(memory.data(), pageable.data(), pageable.size()); });
+        bounded("copyNow into pageable memory",
+                [&] { device.copyNow(pageable.data(), memory.data(), pageable.size()); });
+        bounded("readFlagNow", [&] {
+          require(device.readFlagNow(reinterpret_cast<uint32_t*>(memory.data())) == 0x07070707u,
+                  "readFlagNow read another value");
+        });
+        device.writeFlagNow(flag, 1);
+        for (auto& stream : streams) stream->synchronize();
+        device.free(flag);
       },
       options());
 }
