@@ -283,6 +283,15 @@ class Communicator {
   // Throws Error(InvalidArgument) for a window this communicator did not
   // register.
   void deregisterWindow(Window window);
+  // Where this process reaches byte `offset` of rank `peer`'s part of device
+  // window `window`: its own memory for this rank, the peer's memory as
+  // mapped here for a peer of this host that maps it, and nullptr for a
+  // peer this rank does not map (another host, a pair staged through host
+  // memory) or a host window. A device pointer, for the caller's kernels
+  // (NCCL's ncclGetPeerDevicePointer). Throws Error(InvalidArgument) naming
+  // the argument: a window this communicator did not register, a peer out
+  // of range, an offset at or past the window's end.
+  void* peerPointer(Window window, size_t offset, int peer);
 
   // One-sided (NCCL's ncclPutSignal): writes `count` elements of `type` from
   // `source` into rank `peer`'s part of host window `window`, `offset` bytes

@@ -187,6 +187,25 @@ void Communicator::deregisterWindow(Window window) {
   if (device) impl.windows.erase(found);
 }
 
+void* Communicator::peerPointer(Window window, size_t offset, int peer) {
+  Impl& impl = usable(impl_.get(), "peerPointer");
+  if (peer < 0 || peer >= impl.nranks)
+    fail(ErrorCode::InvalidArgument, impl.rank,
+         format("peerPointer: argument 'peer' is %d: ranks are 0 to %d", peer, impl.nranks - 1));
+  for (const RegisteredWindow& w : impl.windows) {
+    if (w.id() != window.id) continue;
+    if (offset >= w.bytes())
+      fail(ErrorCode::InvalidArgument, impl.rank,
+           format("peerPointer: argument 'offset' is %zu: the window has %zu bytes", offset,
+                  w.bytes()));
+    return w.at(peer, w.base() + offset, 1);
+  }
+  if (impl.oneSided && impl.oneSided->hasWindow(window.id)) return nullptr;  // a host window
+  fail(ErrorCode::InvalidArgument, impl.rank,
+       format("peerPointer: argument 'window' (%llu) was not registered with this communicator",
+              static_cast<unsigned long long>(window.id)));
+}
+
 namespace {
 
 // Where one-sided calls may run: on a communicator with host windows,
