@@ -16,6 +16,16 @@
 #include "device_support.h"
 #include "multirank.h"
 
+// The host-side calls of NCCL's device API, which NVIDIA declares in
+// nccl_device/core.h (braid ships no such header; programs that link them,
+// PyTorch among them, declare them through NVIDIA's).
+extern "C" {
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void** outPtr);
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void** outPtr);
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);
+}
+
 namespace braid::testing {
 namespace {
 
@@ -328,6 +338,35 @@ TEST_P(DeviceNccl, SymmetricWindowsRegisteredInAGroupCarryDirectAllReduces) {
         void* user = nullptr;
         require(ncclWinGetUserPtr(comms[1], handles[0], &user) == ncclInvalidArgument,
                 "ncclWinGetUserPtr accepted another communicator's window");
+        // NCCL's device-API pointers: in one process every rank maps every
+        // window, at the pointer its owner registered.
+        for (int r = 0; r < kRanks; ++r)
+          for (int p = 0; p < kRanks; ++p) {
+            void* at = nullptr;
+            check(ncclGetPeerDevicePointer(handles[r], 64, p, &at), "ncclGetPeerDevicePointer");
+            void* want = reinterpret_cast<std::byte*>(windows[p]) + 64;
+            require(at == want,
+                    format("rank %d reaches rank %d's window + 64 at %p, not %p", r, p, at, want));
+          }
+        void* at = nullptr;
+        require(ncclGetPeerDevicePointer(handles[0], 0, kRanks, &at) == ncclInvalidArgument &&
+                    std::strstr(ncclGetLastError(comms[0]), "'peer'"),
+                "ncclGetPeerDevicePointer took a peer out of range");
+        require(ncclGetPeerDevicePointer(handles[0], bytes, 1, &at) == ncclInvalidArgument &&
+                    std::strstr(ncclGetLastError(comms[0]), "'offset'"),
+                "ncclGetPeerDevicePointer took an offset past the window");
+        require(ncclGetPeerDevicePointer(handles[0], 0, 1, nullptr) == ncclInvalidArgument,
+                "ncclGetPeerDevicePointer took a NULL outPtr");
+        void* multimem = &at;
+        check(ncclGetLsaMultimemDevicePointer(handles[0], 0, &multimem),
+              "ncclGetLsaMultimemDevicePointer");
+        require(multimem == nullptr, "a multimem address where braid makes none");
+        char requirements[512] = {}, devComm[512] = {};
+        require(ncclDevCommCreate(comms[0], requirements, devComm) == ncclInvalidUsage &&
+                    std::strstr(ncclGetLastError(comms[0]), "no NCCL device API"),
+                "ncclDevCommCreate did not refuse naming the device API");
+        require(ncclDevCommDestroy(comms[0], devComm) == ncclInvalidArgument,
+                "ncclDevCommDestroy took a device communicator never made");
         check(ncclGroupStart(), "ncclGroupStart");
         for (int r = 0; r < kRanks; ++r) {
           auto stream = static_cast<cudaStream_t>(streams[r]->handle());

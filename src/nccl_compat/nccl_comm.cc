@@ -763,6 +763,64 @@ NCCL_EXPORT ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, v
   });
 }
 
+// The host-side calls of NCCL's device API (nccl_device/core.h, NCCL 2.28
+// on) that programs link against, PyTorch among them. The pointer calls
+// work on braid's windows; the device communicator, whose struct serves
+// NCCL's own device-side library, is refused naming why.
+
+extern "C" NCCL_EXPORT ncclResult_t pncclGetPeerDevicePointer(ncclWindow_t win, size_t offset,
+                                                              int peer, void** outPtr) {
+  const char* fn = "ncclGetPeerDevicePointer";
+  return guarded(fn, [&] {
+    if (ncclResult_t bad = need(outPtr, fn, "outPtr")) return bad;
+    if (!win || !win->comm) return badArgument(fn, "argument 'window' is not a registered window");
+    if (win->window.id == 0)
+      return badArgument(fn, "argument 'window' is not registered yet (its group has not ended)");
+    *outPtr = usable(win->comm, fn, false).comm.peerPointer(win->window, offset, peer);
+    return ncclSuccess;
+  });
+}
+
+// braid makes no multicast (NVLink SHARP) memory: there is no multimem
+// address, which NCCL gives as NULL.
+extern "C" NCCL_EXPORT ncclResult_t pncclGetLsaMultimemDevicePointer(ncclWindow_t win,
+                                                                     size_t offset, void** outPtr) {
+  const char* fn = "ncclGetLsaMultimemDevicePointer";
+  return guarded(fn, [&] {
+    static_cast<void>(offset);
+    if (ncclResult_t bad = need(outPtr, fn, "outPtr")) return bad;
+    if (!win || !win->comm) return badArgument(fn, "argument 'window' is not a registered window");
+    *outPtr = nullptr;
+    return ncclSuccess;
+  });
+}
+
+extern "C" NCCL_EXPORT ncclResult_t pncclDevCommCreate(ncclComm_t comm, const void* reqs,
+                                                       void* outDevComm) {
+  const char* fn = "ncclDevCommCreate";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    if (ncclResult_t bad = need(reqs, fn, "reqs")) return bad;
+    if (ncclResult_t bad = need(outDevComm, fn, "outDevComm")) return bad;
+    return failWith(ncclInvalidUsage,
+                    format("%s: braid has no NCCL device API (device communicators for kernels "
+                           "that call NCCL's LSA, multimem and GIN functions); its collectives, "
+                           "windows and one-sided calls are host calls",
+                           fn));
+  });
+}
+
+extern "C" NCCL_EXPORT ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const void* devComm) {
+  const char* fn = "ncclDevCommDestroy";
+  return guarded(fn, [&] {
+    if (!comm) return badArgument(fn, "argument 'comm' is NULL");
+    static_cast<void>(devComm);
+    return badArgument(fn,
+                       "argument 'devComm' was not made by ncclDevCommCreate, which braid "
+                       "refuses: there is no device communicator to destroy");
+  });
+}
+
 NCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   const char* fn = "ncclCommWindowDeregister";
   return guarded(fn, [&] {
@@ -867,6 +925,12 @@ NCCL_ALIAS(ncclResult_t, CommWindowRegister,
            (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 NCCL_ALIAS(ncclResult_t, CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
 NCCL_ALIAS(ncclResult_t, WinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
+NCCL_ALIAS(ncclResult_t, GetPeerDevicePointer,
+           (ncclWindow_t win, size_t offset, int peer, void** outPtr));
+NCCL_ALIAS(ncclResult_t, GetLsaMultimemDevicePointer,
+           (ncclWindow_t win, size_t offset, void** outPtr));
+NCCL_ALIAS(ncclResult_t, DevCommCreate, (ncclComm_t comm, const void* reqs, void* outDevComm));
+NCCL_ALIAS(ncclResult_t, DevCommDestroy, (ncclComm_t comm, const void* devComm));
 NCCL_ALIAS(ncclResult_t, GroupStart, ());
 NCCL_ALIAS(ncclResult_t, GroupEnd, ());
 NCCL_ALIAS(ncclResult_t, GroupSimulateEnd, (ncclSimInfo_t * simInfo));
