@@ -104,8 +104,8 @@
 # any GPU: BRAID_DEVICE=emulated for cuda, the '*/emulated' instances of the
 # device suites (less their slowest tests, which CI's ctest has just run),
 # 1 MiB for 256 MiB and fewer iterations; tools/torch_nccl_check.py on gloo
-# and the CPU for PyTorch's NCCL backend; a stub driver for the probe's
-# failure path. It takes the build directory as CI left it (configure and
+# and the CPU, braid's libnccl.so.2 preloaded, for PyTorch's NCCL backend;
+# a stub driver for the probe's failure path. It takes the build directory as CI left it (configure and
 # build then find nothing to do) and under 2 minutes. What needs a real GPU
 # (nvidia-smi, the probe, torch on CUDA, nccl-tests' run) skips, saying
 # why; any other step that skips fails the rehearsal. Targets are not judged.
@@ -810,8 +810,11 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
       "$python" tools/torch_nccl_check.py --braid-lib "$lib" --expect-braid
   else
     skip_step torch-nccl "GPU only: PyTorch's NCCL backend needs a GPU; its twin follows"
+    # The twin preloads braid's library too: torch must import with it (every
+    # NCCL function torch links is there), and its calls must reach it.
     step --skip-ok --needs "$build/lib/libnccl.so.2" --judge judge_torch_twin torch-nccl-twin 120 \
-      "$python" tools/torch_nccl_check.py --backend gloo --device cpu --braid-lib "$lib"
+      env LD_PRELOAD="$lib/libnccl.so.2" "$python" tools/torch_nccl_check.py --backend gloo \
+      --device cpu --braid-lib "$lib" --expect-braid
   fi
 
   # ---- braid next to NVIDIA's NCCL, and NVIDIA's nccl-tests on braid.

@@ -20,9 +20,11 @@ themselves tested on any machine. The checks:
    this process compares), and equal (to float32 rounding) to one step of
    the same model in this process on the gradient averaged over both
    batches.
-3. The library: each rank reads /proc/self/maps after its calls and prints
-   every libnccl it has mapped; with --expect-braid, a libnccl from outside
-   --braid-lib, or none at all, fails.
+3. The library: each rank prints every libnccl it has mapped
+   (/proc/self/maps) and the one its NCCL calls go to (the global scope's
+   ncclCommInitRank, through dladdr: torch may map NVIDIA's too, by path,
+   but LD_PRELOAD puts braid's first); with --expect-braid, calls that go
+   to a library outside --braid-lib, or to none, fail.
 
 With --braid-lib it first prints the NCCL functions torch's CUDA library
 imports that braid's libnccl.so.2 does not define (where nm is present):
@@ -47,6 +49,28 @@ RANKS = 2
 def fail(what):
     print(f"error: {what}", flush=True)
     sys.exit(1)
+
+
+def nccl_called():
+    """The library whose ncclCommInitRank the process's global scope finds:
+    the one torch's NCCL calls are bound to (LD_PRELOAD puts braid's first,
+    even where torch also loads NVIDIA's by path), or "" where none is."""
+    import ctypes
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+    try:
+        function = ctypes.CDLL(None).ncclCommInitRank
+    except AttributeError:
+        return ""
+    info = DlInfo()
+    libc = ctypes.CDLL("libc.so.6")
+    address = ctypes.cast(function, ctypes.c_void_p)
+    if not libc.dladdr(address, ctypes.byref(info)) or not info.fname:
+        return ""
+    return os.path.realpath(info.fname.decode())
 
 
 def mapped_nccl():
@@ -117,9 +141,11 @@ def rank_main(args):
     if device.type == "cuda":
         torch.cuda.synchronize()
     libs = mapped_nccl()
-    print(f"rank {args.rank}: libnccl mapped: {', '.join(libs) or 'none'}", flush=True)
+    called = nccl_called()
+    print(f"rank {args.rank}: libnccl mapped: {', '.join(libs) or 'none'}; NCCL calls go to "
+          f"{called or 'none'}", flush=True)
     with open(os.path.join(args.out, f"maps{args.rank}.txt"), "w") as f:
-        f.write("\n".join(libs))
+        f.write("\n".join([called] + libs))
     dist.destroy_process_group()
     return 0
 
@@ -248,18 +274,19 @@ def main():
         print(f"DDP: both ranks' {len(params[0])} parameter tensors are identical and match "
               "the averaged-gradient step")
 
-        libs = set()
+        libs, called = set(), set()
         for r in range(RANKS):
             with open(os.path.join(out, f"maps{r}.txt")) as f:
-                libs.update(line for line in f.read().split("\n") if line)
-        libs = sorted(libs)
-        print(f"libnccl mapped by the ranks: {', '.join(libs) or 'none'}")
+                lines = f.read().split("\n")
+            called.add(lines[0])
+            libs.update(line for line in lines[1:] if line)
+        print(f"libnccl mapped by the ranks: {', '.join(sorted(libs)) or 'none'}")
+        print(f"the ranks' NCCL calls go to: {', '.join(sorted(called)) or 'none'}")
         if args.expect_braid:
-            if not libs:
-                fail(f"no libnccl mapped: torch did not load one (expected {args.braid_lib})")
-            strays = [lib for lib in libs if os.path.dirname(lib) != args.braid_lib]
+            strays = [lib for lib in called if os.path.dirname(lib) != args.braid_lib]
             if strays:
-                fail(f"a libnccl from outside {args.braid_lib} is mapped: {', '.join(strays)}")
+                fail(f"torch's NCCL calls go to {', '.join(strays) or 'no library'}, not to "
+                     f"{args.braid_lib}")
     print(f"pass: all_reduce exact, DDP step identical on both ranks, libnccl "
           f"{'braid' + chr(39) + 's' if args.expect_braid else 'not checked'}")
     return 0
