@@ -22,6 +22,16 @@
 #ifndef CUDART_VERSION
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
+#elif !defined(BRAID_NCCL_NO_CUDA)
+/* With CUDA, its narrow float types too, as NCCL's own header has them
+ * (programs written against it use half without including it). */
+#include <cuda_fp16.h>
+#if CUDART_VERSION >= 11000
+#include <cuda_bf16.h>
+#endif
+#if defined(__cplusplus) && CUDART_VERSION >= 11080
+#include <cuda_fp8.h>
+#endif
 #endif
 
 #include <limits.h>
