@@ -102,8 +102,8 @@
 # The rehearsal runs every step here, so that the script itself (paths,
 # flags, how it reads results, the summary, the archive) is tested before
 # any GPU: BRAID_DEVICE=emulated for cuda, the '*/emulated' instances of the
-# device suites (less their slowest tests, which CI's ctest has just run),
-# 1 MiB for 256 MiB and fewer iterations; tools/torch_nccl_check.py on gloo
+# device suites (a third of them, less their slowest: CI's ctest has just
+# run them all), 1 MiB for 256 MiB and fewer iterations; tools/torch_nccl_check.py on gloo
 # and the CPU, braid's libnccl.so.2 preloaded, for PyTorch's NCCL backend;
 # a stub driver for the probe's failure path. It takes the build directory as CI left it (configure and
 # build then find nothing to do) and under 2 minutes. What needs a real GPU
@@ -150,6 +150,7 @@ if [ "$mode" = gpu ]; then
   device=cuda
   budget=${GPU_CHECK_BUDGET:-540}
   suite_filter='*/cuda'
+  suite_shard=()                   # every test
   big=256M bigBytes=268435456      # the size of the bandwidth runs
   sweep=(-b 8 -e 256M -f 4)        # braid-perf's sweeps (-f 4 from 8 B stops at 128 MiB)
   windows_sweep=(-b 8 -e 128M -f 4)
@@ -169,6 +170,8 @@ else
   suite_filter='*/emulated:-*AMissingRankMakesTheOthersTimeOut*:*EveryCollectiveTypeAndOpMatches*'
   suite_filter+=':*LargeBuffersMatchTheReference*:*EveryCollectiveMatchesTheReferenceAt1And2And5*'
   suite_filter+=':*AFailureOnTheDevicePathReachesPeers*'
+  # And a third of the rest (gtest's sharding): enough to rehearse the step.
+  suite_shard=(GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=0)
   big=1M bigBytes=1048576
   sweep=(-b 8 -e 1M -f 4)
   windows_sweep=(-b 8 -e 512K -f 4)
@@ -741,7 +744,7 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
   local suite
   for suite in "${suites[@]}"; do
     step --needs "$bin/$suite" --judge judge_gtest "$device-$suite" 240 \
-      "$bin/$suite" --gtest_filter="$suite_filter"
+      env "${suite_shard[@]}" "$bin/$suite" --gtest_filter="$suite_filter"
   done
 
   # A program built against NCCL's own nccl.h, single-process model, 4 ranks on the device.
