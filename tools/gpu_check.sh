@@ -99,16 +99,17 @@
 # bandwidth >= 0.9 of the copy kernel's. copy_bw is the copy kernel's bytes
 # read + written per second (2 x size per copy); a reduce counts 3 x size.
 #
-# The rehearsal runs every step here, so that the script itself (paths,
-# flags, how it reads results, the summary, the archive) is tested before
-# any GPU: BRAID_DEVICE=emulated for cuda, the '*/emulated' instances of the
-# device suites (a third of them, less their slowest: CI's ctest has just
-# run them all), 1 MiB for 256 MiB and fewer iterations; tools/torch_nccl_check.py on gloo
-# and the CPU, braid's libnccl.so.2 preloaded, for PyTorch's NCCL backend;
-# a stub driver for the probe's failure path. It takes the build directory as CI left it (configure and
-# build then find nothing to do) and under 2 minutes. What needs a real GPU
-# (nvidia-smi, the probe, torch on CUDA, nccl-tests' run) skips, saying
-# why; any other step that skips fails the rehearsal. Targets are not judged.
+# The rehearsal runs every step here, so that the script itself (paths, flags,
+# how it reads results, the summary, the archive) is tested before any GPU:
+# BRAID_DEVICE=emulated for cuda, the '*/emulated' instances of the device
+# suites (a third of them, less their slowest: CI's ctest has just run them
+# all), 1 MiB for 256 MiB and fewer iterations; tools/torch_nccl_check.py on
+# gloo and the CPU, braid's libnccl.so.2 preloaded, for PyTorch's NCCL
+# backend; a stub driver for the probe's failure path. It takes the build
+# directory as CI left it (configure and build then find nothing to do) and
+# under 2 minutes. What needs a real GPU (nvidia-smi, the probe, torch on
+# CUDA, nccl-tests' run) skips, saying why; any other step that skips fails
+# the rehearsal. Targets are not judged.
 #
 # Exit status: 0 when every step passed or skipped for a stated reason and
 # every target was met; 3 when targets were missed (or not measured); 1 when
