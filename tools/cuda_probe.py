@@ -42,9 +42,11 @@ ATTRIBUTES = [
     ("HOST_NATIVE_ATOMIC_SUPPORTED", 86),
     ("PCI_DOMAIN_ID", 50),
 ]
-# Without these braid's CUDA device cannot make its connections.
-REQUIRED = ("UNIFIED_ADDRESSING", "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
-            "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")
+# Without this braid's CUDA device cannot tell its pointers apart.
+REQUIRED = ("UNIFIED_ADDRESSING",)
+# Without these it falls back (cudaMalloc'd memory, FIFOs to other processes
+# staged through host memory) and logs why.
+FALLBACK = ("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")
 
 
 # Names of the CUresults a probe meets most, for a driver (the toolkit's stub)
@@ -134,8 +136,14 @@ def probe(driver):
         if missing:
             raise DriverError(f"device {ordinal} lacks what braid's CUDA device needs: "
                               + ", ".join(missing))
+        lacking = [a for a in FALLBACK if not values[a]]
+        if lacking:
+            print(f"  note: without {', '.join(lacking)}, braid's memory on device {ordinal} is "
+                  "not shared between processes: their FIFOs are staged through host memory")
         summary.append(f"{name.value.decode()} sm_{values['COMPUTE_CAPABILITY_MAJOR']}"
                        f"{values['COMPUTE_CAPABILITY_MINOR']} {values['MULTIPROCESSOR_COUNT']} SMs"
+                       f" vmm={values['VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED']}"
+                       f" fd={values['HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED']}"
                        f" dmabuf={values['DMA_BUF_SUPPORTED']}"
                        f" rdma-vmm={values['GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED']}"
                        f" wait-nor={values['CAN_USE_STREAM_WAIT_VALUE_NOR']}")
