@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,16 +116,42 @@ static int rank_(ncclUniqueId id, int rank) {
   return failures != 0;
 }
 
+/* The job's id, which rank 0 makes and the others wait for: the parent
+ * starts no thread before it forks (ncclGetUniqueId starts the bootstrap
+ * root's), since a child of a threaded process inherits the locks other
+ * threads held, an allocator's among them, and may hang on one. */
+struct SharedId {
+  volatile int ready; /* 0: not yet; 1: made; -1: failed */
+  ncclUniqueId id;
+};
+
+static int idOf(struct SharedId* shared, int rank, ncclUniqueId* id) {
+  if (rank == 0) {
+    const int made = ncclGetUniqueId(&shared->id) == ncclSuccess;
+    EXPECT(made, "ncclGetUniqueId");
+    __atomic_store_n(&shared->ready, made ? 1 : -1, __ATOMIC_RELEASE);
+  }
+  while (__atomic_load_n(&shared->ready, __ATOMIC_ACQUIRE) == 0) usleep(1000);
+  *id = shared->id;
+  return shared->ready == 1;
+}
+
 int main(void) {
   setenv("BRAID_TIMEOUT", "4s", 1);
   EXPECT(pipe(timedOut) == 0, "pipe");
-  ncclUniqueId id;
-  EXPECT(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+  struct SharedId* shared =
+      mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT(shared != MAP_FAILED, "mmap");
   if (failures) return 1;
+  memset(shared, 0, sizeof(*shared));
   pid_t pids[RANKS];
   for (int r = 0; r < RANKS; ++r) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(rank_(id, r));
+    if (pids[r] == 0) {
+      alarm(120); /* a hang fails the test instead of stalling it */
+      ncclUniqueId id;
+      _exit(idOf(shared, r, &id) ? rank_(id, r) : 1);
+    }
   }
   int failed = 0;
   for (int r = 0; r < RANKS; ++r) {
