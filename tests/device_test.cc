@@ -258,6 +258,18 @@ TEST_P(DeviceTest, DevicesWithoutPeerAccessStageThroughHostMemory) {
   ::unsetenv("BRAID_EMULATED_PEER_ACCESS");
 }
 
+// Every collective, summing `type` at 5 elements and at 2^16 + 3, matches
+// the reference (the seeds count up from `seed`).
+void requireEveryCollectiveMatches(Communicator& comm, DataType type, bool inPlace, uint64_t seed) {
+  TestStream stream(deviceOf(comm));
+  for (Coll coll : kAllColls)
+    for (size_t count : {size_t{5}, (size_t{1} << 16) + 3}) {
+      const std::string problem =
+          runCase(comm, stream, {coll, type, ReduceOp::Sum, count, inPlace, 1}, ++seed);
+      require(problem.empty(), problem);
+    }
+}
+
 // GPUs are told apart by UUID, not by device number: with
 // CUDA_VISIBLE_DEVICES (here its emulated twin) each process numbers the
 // GPUs it sees from 0. Rank 0 sees GPUs 1 and 0 and uses GPU 0 (its device
@@ -290,14 +302,7 @@ TEST_P(DeviceTest, RanksShareAGpuByItsUuidWhateverItsNumberInEachProcess) {
           require(paths[peer] == expected[comm.rank()][peer],
                   format("rank %d reaches rank %d by '%s', not '%s'", comm.rank(), peer,
                          paths[peer].c_str(), expected[comm.rank()][peer]));
-        TestStream stream(deviceOf(comm));
-        uint64_t seed = 23;
-        for (Coll coll : kAllColls)
-          for (size_t count : {size_t{5}, (size_t{1} << 16) + 3}) {
-            const std::string problem = runCase(
-                comm, stream, {coll, DataType::Float32, ReduceOp::Sum, count, false, 1}, ++seed);
-            require(problem.empty(), problem);
-          }
+        requireEveryCollectiveMatches(comm, DataType::Float32, /*inPlace=*/false, 23);
       },
       run);
 }
@@ -330,14 +335,7 @@ TEST_P(DeviceTest, DevicesWithoutExportableMemoryStageThroughHostMemory) {
           if (peer != comm.rank())
             require(paths[peer] == "cuda_ipc: staged through host memory",
                     format("rank %d is reached by '%s'", peer, paths[peer].c_str()));
-        TestStream stream(deviceOf(comm));
-        uint64_t seed = 31;
-        for (Coll coll : kAllColls)
-          for (size_t count : {size_t{5}, (size_t{1} << 16) + 3}) {
-            const std::string problem = runCase(
-                comm, stream, {coll, DataType::Int32, ReduceOp::Sum, count, true, 1}, ++seed);
-            require(problem.empty(), problem);
-          }
+        requireEveryCollectiveMatches(comm, DataType::Int32, /*inPlace=*/true, 31);
       },
       options());
   ::unsetenv("BRAID_EMULATED_FD_HANDLES");
