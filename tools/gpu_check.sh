@@ -571,6 +571,38 @@ nccl_tests_dir() {
   return 1
 }
 
+# gpu_machine_hints: configure's hints (in hints) for a GPU machine that has
+# CUDA and torch but not Debian's development packages: GoogleTest and Google
+# Benchmark from .gpu-deps/ (tools/gpu_bundle.sh) where the machine has none
+# of its own; NVIDIA's nccl.h and libnccl.so.2 from the nvidia-nccl wheel
+# torch came with where the toolkit has none (NCCL_LIB for gpu_compare.sh).
+hints=()
+gpu_machine_hints() {
+  local cmake_dir=.gpu-deps/usr/lib/x86_64-linux-gnu/cmake
+  if [ ! -e /usr/include/gtest/gtest.h ] && [ -d "$cmake_dir/GTest" ]; then
+    hints+=("-DGTest_DIR=$PWD/$cmake_dir/GTest")
+  fi
+  if [ ! -e /usr/include/benchmark/benchmark.h ] && [ -d "$cmake_dir/benchmark" ]; then
+    hints+=("-Dbenchmark_DIR=$PWD/$cmake_dir/benchmark")
+  fi
+  local nvcc toolkit wheel
+  # CMake looks for nvcc on PATH.
+  if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH=/usr/local/cuda/bin:$PATH
+  fi
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  toolkit=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  if [ ! -e "$toolkit/include/nccl.h" ] && [ ! -e "$toolkit/targets/x86_64-linux/include/nccl.h" ]; then
+    wheel=$("$python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null)
+    [ -n "$wheel" ] && [ -e "$wheel/include/nccl.h" ] &&
+      hints+=("-DBRAID_TOOLKIT_NCCL_H=$wheel/include/nccl.h")
+    if [ -z "${NCCL_LIB:-}" ] && [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+      export NCCL_LIB=$wheel/lib
+    fi
+  fi
+  echo "gpu_check: configure hints: ${hints[*]:-none}${NCCL_LIB:+; NCCL_LIB=$NCCL_LIB}"
+}
+
 # ---- The table of targets.
 targets() {
   local time8 busbw busbwInPlace wtime8 gtime8 gwtime8 wbusbw pbusbw pwbusbw
@@ -711,9 +743,26 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
     command -v ninja > /dev/null && configure+=(-G Ninja)
     configure+=(-DCMAKE_BUILD_TYPE=Release -DBRAID_CUDA=ON -DBRAID_BUILD_TESTS=ON
       -DBRAID_BUILD_BENCHMARKS=ON)
+    gpu_machine_hints
+    configure+=("${hints[@]}")
   fi
+  local configure_step=configure
   step --judge judge_configure configure 180 "${configure[@]}"
-  local configure_log=$work/configure.log
+  # A configure that fails is tried again without the torch backend, then
+  # without the tests too, so that what can be built and run still is.
+  if [ "$step_verdict" = fail ] && [ "$mode" = gpu ]; then
+    configure+=(-DBRAID_TORCH=OFF)
+    rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+    configure_step="configure-without-torch"
+    step --judge judge_configure "$configure_step" 120 "${configure[@]}"
+    if [ "$step_verdict" = fail ]; then
+      configure+=(-DBRAID_BUILD_TESTS=OFF)
+      rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+      configure_step="configure-without-tests"
+      step --judge judge_configure "$configure_step" 120 "${configure[@]}"
+    fi
+  fi
+  local configure_log=$work/$configure_step.log
   targets_here=$(cmake --build "$build" --target help 2>/dev/null |
     sed -n 's/^\.\.\. //; s/^\([A-Za-z0-9_.+-]*\):.*/\1/p; s/^\([A-Za-z0-9_.+-]*\)$/\1/p')
   local suites=(device_test device_one_process_test device_windows_test device_nccl_test
