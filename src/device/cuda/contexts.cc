@@ -139,10 +139,21 @@ bool Contexts::reaches(int device, int other) {
   return true;
 }
 
+// Not cudaStreamGetDevice: the driver refuses it while the stream is being
+// captured into a graph, and a refused call invalidates the capture. The
+// stream's context, asked for, names the device in capture too.
 int Contexts::deviceOfStream(StreamHandle stream) const {
-  int device = -1;
-  if (const cudaError_t rc = cudaStreamGetDevice(streamOf(stream), &device); rc != cudaSuccess)
-    fail(rc, format("cudaStreamGetDevice(%p)", stream));
+  CUcontext context = nullptr;
+  if (const CUresult rc = driver_.streamGetCtx(streamOf(stream), &context); rc != CUDA_SUCCESS)
+    fail(driver_, rc, format("cuStreamGetCtx(%p)", stream));
+  if (const CUresult rc = driver_.ctxPushCurrent(context); rc != CUDA_SUCCESS)
+    fail(driver_, rc, format("cuCtxPushCurrent(the context of stream %p)", stream));
+  CUdevice device = -1;
+  const CUresult rc = driver_.ctxGetDevice(&device);
+  CUcontext popped = nullptr;
+  static_cast<void>(driver_.ctxPopCurrent(&popped));
+  if (rc != CUDA_SUCCESS)
+    fail(driver_, rc, format("cuCtxGetDevice(the context of stream %p)", stream));
   return device;
 }
 

@@ -65,7 +65,7 @@ class Contexts {
   // access for the pair the first time (memory from cudaMalloc needs it;
   // braid's own is opened to its peers by cuMemSetAccess already).
   bool reaches(int device, int other);
-  // The device of `stream` (cudaStreamGetDevice).
+  // The device of `stream` (that of its context: allowed in stream capture).
   int deviceOfStream(StreamHandle stream) const;
   // `device`'s primary context, retained on first use. A CUdevice is the
   // runtime's device ordinal.

@@ -37,6 +37,8 @@ const char* resolve(Driver& d) {
   get("cuCtxGetCurrent", d.ctxGetCurrent);
   get("cuCtxPushCurrent", d.ctxPushCurrent);
   get("cuCtxPopCurrent", d.ctxPopCurrent);
+  get("cuCtxGetDevice", d.ctxGetDevice);
+  get("cuStreamGetCtx", d.streamGetCtx);
   get("cuMemGetAllocationGranularity", d.memGetAllocationGranularity);
   get("cuMemCreate", d.memCreate);
   get("cuMemRelease", d.memRelease);

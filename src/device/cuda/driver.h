@@ -32,6 +32,8 @@ struct Driver {
   decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
   decltype(&::cuCtxPushCurrent) ctxPushCurrent = nullptr;
   decltype(&::cuCtxPopCurrent) ctxPopCurrent = nullptr;
+  decltype(&::cuCtxGetDevice) ctxGetDevice = nullptr;
+  decltype(&::cuStreamGetCtx) streamGetCtx = nullptr;
   decltype(&::cuMemGetAllocationGranularity) memGetAllocationGranularity = nullptr;
   decltype(&::cuMemCreate) memCreate = nullptr;
   decltype(&::cuMemRelease) memRelease = nullptr;

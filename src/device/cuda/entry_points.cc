@@ -21,6 +21,8 @@ constexpr EntryPoint kEntryPoints[] = {
     {"cuCtxGetCurrent", 4000, false},
     {"cuCtxPushCurrent", 4000, false},
     {"cuCtxPopCurrent", 4000, false},
+    {"cuCtxGetDevice", 2000, false},
+    {"cuStreamGetCtx", 9020, false},
     {"cuMemGetAllocationGranularity", 10020, false},
     {"cuMemCreate", 10020, false},
     {"cuMemRelease", 10020, false},

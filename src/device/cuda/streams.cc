@@ -156,7 +156,7 @@ void Streams::destroyGraph(GraphHandle graph) {
 // ---- Stream-ordered operations.
 //
 // Hot path: no allocation; a cached deviceOf() per pointer (one lock each),
-// cudaStreamGetDevice and a context check per call.
+// the stream's device (its context's) and a context check per call.
 
 // braid's copy kernel where both sides are device memory the stream's
 // device reaches; the copy engines (cudaMemcpyAsync) where host memory is
