@@ -1326,6 +1326,60 @@ TEST(PeerFailure, AnExitedPeerFailsTheOthersFastInsteadOfAtTheTimeout) {
   });
 }
 
+// A send whose every piece went into the FIFO waits only for its sockets to
+// take the last frames. When the receiver gives up on the communicator
+// instead (a third rank died) and keeps its sockets (a shrink may carry on
+// over them), nobody will ever read those frames: the send fails at once,
+// naming the dead rank, rather than at the timeout.
+TEST(PeerFailure, ASendLeftToFlushFailsWhenItsReceiverGivesUp) {
+  struct Progress {
+    std::atomic<int> receiverGaveUp{0};
+    std::atomic<int> senderDone{0};
+  };
+  SharedWithRanks<Progress> progress;
+  Progress* shared = progress.get();
+  RunOptions options;
+  options.killed = {2};
+  options.config.transports = "tcp";
+  options.config.timeout = std::chrono::seconds(60);
+  options.deadline = std::chrono::seconds(90);
+  // A FIFO of 64 MiB takes the whole 48 MiB message, far more than the
+  // loopback's socket buffers do.
+  options.enter = [](int) {
+    ::setenv("BRAID_SLOT_BYTES", "4M", 1);
+    ::setenv("BRAID_SLOTS", "16", 1);
+  };
+  runRanks(
+      3,
+      [shared](Communicator& comm) {
+        if (comm.rank() == 2) ::raise(SIGKILL);
+        auto waitFor = [](const std::atomic<int>& flag) {
+          const auto until = steady_clock::now() + std::chrono::seconds(60);
+          while (flag.load() == 0 && steady_clock::now() < until)
+            std::this_thread::sleep_for(milliseconds(5));
+          return flag.load() != 0;
+        };
+        if (comm.rank() == 1) {
+          float one = 0;
+          requireError([&] { comm.recv(&one, 1, DataType::Float32, 2); }, ErrorCode::RemoteError,
+                       "peer 2");
+          shared->receiverGaveUp = 1;
+          require(waitFor(shared->senderDone), "the sender never finished");
+          return;
+        }
+        require(waitFor(shared->receiverGaveUp), "the receiver never gave up");
+        std::vector<float> big(size_t{12} << 20, 1.0f);
+        const auto start = steady_clock::now();
+        requireError([&] { comm.send(big.data(), big.size(), DataType::Float32, 1); },
+                     ErrorCode::RemoteError, "rank 2 failed");
+        const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+        shared->senderDone = 1;
+        require(took < milliseconds(5000),
+                format("the send failed after %lld ms", static_cast<long long>(took.count())));
+      },
+      options);
+}
+
 TEST(Init, RanksWithDifferentChunkSizesAreRejectedNamingTheKnob) {
   runProcesses(2, [](int rank, const UniqueId& id, const Config& base) {
     Config config = base;

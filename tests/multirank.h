@@ -90,6 +90,7 @@ class SharedWithRanks {
   }
   ~SharedWithRanks() { ::munmap(memory_, sizeof(T)); }
   T* operator->() { return value_; }
+  T* get() { return value_; }
 
  private:
   void* memory_;

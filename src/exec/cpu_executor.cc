@@ -263,6 +263,18 @@ void Executor::failIfRevoked(const OpInfo& info) {
   }
 }
 
+void Executor::failIfAbandoned(const OpInfo& info) {
+  auto gaveUp = [](const transport::Connection& connection) {
+    return connection.peerClosed() && connection.failedRank() >= 0;
+  };
+  for (const Unflushable& each : unflushable_)
+    if (!each.connection->flushed() && gaveUp(*each.connection))
+      failClosed(info, each.peer, "still had messages for it");
+  for (const Lent& lent : lent_)
+    if (!lent.connection->consumed(lent.ticket) && gaveUp(*lent.connection))
+      failClosed(info, lent.peer, "still lent it memory to read");
+}
+
 void Executor::failAborted(const OpInfo& info) {
   if (!revoked_.load(std::memory_order_relaxed))
     fail(ErrorCode::Aborted, rank_,
@@ -477,6 +489,7 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
       prepareToWait();
     }
   } catch (const Error& error) {
+    activity_.name.store(nullptr, std::memory_order_relaxed);  // no op runs once it failed
     if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
     for (const transport::Transport* transport : active_)
       if (blamed_ < 0) blamed_ = transport->failedPeer();
@@ -552,10 +565,13 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
           moved |= advance(lane);
         finished &= lane.step == lane.plan->steps.size();
       }
-      if (finished && flushed() && allReturned()) {
-        activity_.name.store(nullptr, std::memory_order_relaxed);
-        if (waitingFor_ >= 0) announceWaitingFor(-1);
-        return;
+      if (finished) {
+        if (flushed() && allReturned()) {
+          activity_.name.store(nullptr, std::memory_order_relaxed);
+          if (waitingFor_ >= 0) announceWaitingFor(-1);
+          return;
+        }
+        failIfAbandoned(*lanes->info);
       }
       if (aborted.load(std::memory_order_relaxed)) failAborted(*lanes->info);
       if (moved) {
@@ -623,6 +639,7 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
       }
     }
   } catch (const Error& error) {
+    activity_.name.store(nullptr, std::memory_order_relaxed);  // no op runs once it failed
     // Transports throw without context; name this rank and the op here.
     if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
     for (const transport::Transport* transport : active_)

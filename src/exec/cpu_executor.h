@@ -160,6 +160,10 @@ class Executor {
   // Fails the op `info` when a peer closed its connection saying that the
   // communicator was revoked, whichever peers the op waits for.
   void failIfRevoked(const OpInfo& info);
+  // Fails the op `info`, every step of which is done, when a peer that has
+  // yet to take its last messages, or to finish reading memory this rank
+  // lent it, gave up on the communicator: it never will.
+  void failIfAbandoned(const OpInfo& info);
   // What this rank waits for in an op that cannot move: the first lane with
   // steps left and its peer, or (lane null) the peer still reading memory
   // this rank lent; peer -1 when it only waits to flush.
