@@ -756,31 +756,6 @@ TEST(Deterministic, AllReduceAndReduceScatterRepeatBitForBitAcrossRunsTimingsAnd
   ::rmdir(dir.c_str());
 }
 
-// What this process writes to stderr (where braid logs) while `body` runs.
-std::string captureStderr(const std::function<void()>& body) {
-  char path[] = "/tmp/braid-stderr-XXXXXX";
-  const int file = ::mkstemp(path);
-  require(file >= 0, "mkstemp failed");
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  ::dup2(file, 2);
-  std::exception_ptr failure;
-  try {
-    body();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ::close(file);
-  ::unlink(path);
-  if (failure) std::rethrow_exception(failure);
-  return text;
-}
-
 // SIGUSR1: every communicator of the process logs what it is doing. Rank 2
 // calls the all-reduce a second late; rank 0 reports while it waits in it,
 // rank 2 before calling it (one collective fewer issued: the culprit).

@@ -9,7 +9,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 namespace braid::testing {
@@ -159,7 +163,10 @@ void runProcesses(int nranks,
     ::close(fd);
   }
 
-  auto deadline = std::chrono::steady_clock::now() + options.deadline;
+  std::chrono::seconds limit = options.deadline;
+  if (const char* cap = std::getenv("BRAID_TEST_DEADLINE"); cap && std::atoi(cap) > 0)
+    limit = std::min(limit, std::chrono::seconds(std::atoi(cap)));
+  auto deadline = std::chrono::steady_clock::now() + limit;
   size_t running = children.size();
   while (running > 0 && std::chrono::steady_clock::now() < deadline) {
     for (Child& child : children) {
@@ -194,9 +201,9 @@ void runProcesses(int nranks,
       ::kill(child.pid, SIGKILL);
       ::waitpid(child.pid, &child.status, 0);
       drain(child);
-      ADD_FAILURE() << "rank " << child.rank << " hung: still running after "
-                    << options.deadline.count() << " s" << (child.message.empty() ? "" : ": ")
-                    << child.message << (stacks[i].empty() ? "" : "\nits threads:\n") << stacks[i];
+      ADD_FAILURE() << "rank " << child.rank << " hung: still running after " << limit.count()
+                    << " s" << (child.message.empty() ? "" : ": ") << child.message
+                    << (stacks[i].empty() ? "" : "\nits threads:\n") << stacks[i];
     } else if (WIFSIGNALED(child.status)) {
       const bool expected = WTERMSIG(child.status) == SIGKILL &&
                             std::find(options.killed.begin(), options.killed.end(), child.rank) !=
@@ -209,6 +216,30 @@ void runProcesses(int nranks,
     }
     ::close(child.pipe);
   }
+}
+
+std::string captureStderr(const std::function<void()>& body) {
+  char path[] = "/tmp/braid-stderr-XXXXXX";
+  const int file = ::mkstemp(path);
+  require(file >= 0, "mkstemp failed");
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(file, 2);
+  std::exception_ptr failure;
+  try {
+    body();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::close(file);
+  ::unlink(path);
+  if (failure) std::rethrow_exception(failure);
+  return text;
 }
 
 std::string askInChild(const std::function<std::string()>& ask) {

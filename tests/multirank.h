@@ -41,6 +41,8 @@ void requireError(Call call, ErrorCode code, const std::string& needle) {
 }
 
 struct RunOptions {
+  // Ranks still running this long after they started hung. BRAID_TEST_DEADLINE
+  // (seconds) lowers it, for a run with little time to lose on a hang.
   std::chrono::seconds deadline{120};
   Config config = loopbackConfig();
   // Ranks listed here are not started (to test a rank that never shows up).
@@ -76,6 +78,10 @@ void runProcesses(int nranks,
 // for questions whose answer would start threads or load libraries in the
 // process that forks the ranks (the harness must not).
 std::string askInChild(const std::function<std::string()>& ask);
+
+// What this process writes to stderr (where braid logs) while `body` runs;
+// `body`'s exception is rethrown after stderr is back.
+std::string captureStderr(const std::function<void()>& body);
 
 // A T in memory the forked ranks share with this process, value-initialized
 // (T's members must be lock-free atomics or plain data).
