@@ -1118,6 +1118,41 @@ TEST_P(DeviceTest, AFailureOnTheDevicePathReachesPeersWaitingOnHostBuffers) {
 // abort() from another thread fails an op that waits for a peer that is
 // not coming, and the stream runs on; the late peer then fails naming the
 // rank that gave up.
+// SIGUSR1 while a device op's stream waits: the report reads the counters
+// and says which op the stream is stuck in and what for (here, rank 1's
+// data, which comes a second late). Whatever the host side is doing: it
+// returned as soon as the op was on the stream.
+TEST_P(DeviceTest, AHangReportSaysWhereTheStreamIsStuck) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int dev = deviceOf(comm);
+        TestStream stream(dev);
+        const size_t count = 1 << 12;
+        DeviceBuffer buffer(dev, count * 4);
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(1000));
+          comm.send(buffer.data(), count, DataType::Float32, 0, stream.stream());
+          stream.synchronize();
+          return;
+        }
+        const std::string report = captureStderr([&] {
+          comm.recv(buffer.data(), count, DataType::Float32, 1, stream.stream());
+          std::this_thread::sleep_for(milliseconds(300));
+          ::raise(SIGUSR1);
+          std::this_thread::sleep_for(milliseconds(300));  // the report thread has written
+          stream.synchronize();
+        });
+        for (const char* expected : {"hang report (SIGUSR1): rank 0 of 2",
+                                     "on the device: 1 op(s) enqueued and not passed",
+                                     "the oldest, recv #0 (count 4096, float32, peer 1), reached",
+                                     "waiting for data from rank 1 (1 messages still to come)"})
+          require(report.find(expected) != std::string::npos,
+                  format("no '%s' in the report: %s", expected, report.c_str()));
+      },
+      options());
+}
+
 TEST_P(DeviceTest, AbortFromAnotherThreadFailsAWaitingOpAndReleasesItsStream) {
   runRanks(
       2,

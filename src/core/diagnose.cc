@@ -22,6 +22,9 @@ std::string Communicator::Impl::describeState() const {
       "rank %d of %d: collectives issued %llu, completed %llu, %zu async ops queued; ", rank,
       nranks, static_cast<unsigned long long>(collectiveSeq.load(relaxed)),
       static_cast<unsigned long long>(completedSeq.load(relaxed)), outstanding.load(relaxed));
+  if (deviceExecutor)
+    if (const std::string stuck = deviceExecutor->describeStuck(); !stuck.empty())
+      text += stuck + "; on the host: ";
   const exec::Activity& now = executor->activity();
   const char* name = now.name.load(std::memory_order_acquire);
   if (!name) return text + "no op running";

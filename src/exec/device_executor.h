@@ -101,6 +101,10 @@ class DeviceExecutor {
   const transport::DeviceTransport& transport() const { return *transport_; }
   // Blocks until every op enqueued so far completed or failed.
   void waitIdle();
+  // For hang reports: how many ops the device has not passed and where the
+  // oldest one's stream is stuck, read from the counters now (also waits
+  // for this rank's own messages); "" when the device is idle.
+  std::string describeStuck();
   // Whether device ops can reach `peer`.
   bool reaches(int peer) const;
 
@@ -290,6 +294,15 @@ class DeviceExecutor {
   // they say (the rank it waits for may wait for another in turn); the
   // rank to blame in *blamed.
   std::optional<Error> checkDeadline(Op& head, int* blamed);
+  // Where `head`'s stream is stuck (stuckAt()): the peer it waits for (-1:
+  // none found) and what for; `foreignTag` when the message it waits at is
+  // another op's.
+  struct Stuck {
+    int peer = -1;
+    std::string where = "waiting on the device";
+    std::optional<uint32_t> foreignTag;
+  };
+  Stuck stuckAt(const Op& head, bool ownWaits);
   Error peerError(const transport::PeerNotice& notice) const;
 
   device::Device& device_;

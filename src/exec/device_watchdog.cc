@@ -105,6 +105,93 @@ Error DeviceExecutor::peerError(const transport::PeerNotice& notice) const {
                       op.c_str(), notice.peer));
 }
 
+// Where `head`'s stream is stuck: its first wait that does not hold, in the
+// order they were lowered (a peer that is itself stuck may owe data too,
+// yet that is not what holds this rank). Waits for this rank's own
+// messages (a send to itself, on another stream) count only with
+// `ownWaits`: a rank cannot time out waiting for itself.
+DeviceExecutor::Stuck DeviceExecutor::stuckAt(const Op& head, bool ownWaits) {
+  Stuck stuck;
+  for (const BoardWait& wait : head.boardWaits) {
+    const uint32_t raised = device_.readFlagNow(wait.flag);
+    if (device::passes(raised, wait.value, device::Compare::GreaterOrEqual)) continue;
+    stuck.peer = wait.peer;
+    stuck.where =
+        wait.signal < 0
+            ? format(
+                  "waiting to send a put or signal to rank %d through the network (%d calls "
+                  "before it)",
+                  wait.peer, static_cast<int32_t>(wait.value - raised) - 1)
+            : format("waiting for signal %d from rank %d (%d more raises to come)", wait.signal,
+                     wait.peer, static_cast<int32_t>(wait.value - raised));
+    return stuck;
+  }
+  for (const Op::Wait& wait : head.waits) {
+    const transport::DeviceConnection* c = transport_->connection(wait.peer);
+    if (wait.peer == rank_ && !ownWaits) continue;
+    if (!wait.data) {
+      const auto unread =
+          static_cast<int32_t>(low(wait.message) - device_.readFlagNow(c->send.credit));
+      if (unread < static_cast<int32_t>(slots_)) continue;
+      stuck.peer = wait.peer;
+      stuck.where = format("waiting for rank %d to take data (message %llu)", wait.peer,
+                           static_cast<unsigned long long>(wait.message));
+      return stuck;
+    }
+    // Taken already (the stream is past it), or here and of its op.
+    const uint32_t consumed = device_.readFlagNow(c->recv.credit);
+    if (static_cast<int32_t>(consumed - low(wait.message)) > 0) continue;
+    const uint32_t filled = device_.readFlagNow(c->recv.filled);
+    if (static_cast<int32_t>(filled - low(wait.message)) <= 0) {
+      stuck.peer = wait.peer;
+      uint64_t last = wait.message + 1;  // the op's last message from the peer
+      for (const Op::Target& target : head.targets)
+        if (target.peer == wait.peer) last = target.received;
+      stuck.where = format("waiting for data from rank %d (%d messages still to come)", wait.peer,
+                           static_cast<int32_t>(low(last) - filled));
+      return stuck;
+    }
+    const uint32_t tag = device_.readFlagNow(c->recv.tags + wait.message % slots_);
+    if (tag == wait.tag) continue;
+    stuck.peer = wait.peer;
+    stuck.foreignTag = tag;
+    stuck.where =
+        format("holding a message of another operation from rank %d (tag %08x)", wait.peer, tag);
+    return stuck;
+  }
+  return stuck;
+}
+
+std::string DeviceExecutor::describeStuck() {
+  // The watchdog may hold the lock while a device call waits out its
+  // deadline: a report does not wait longer than that for it.
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  for (int tries = 0; !lock.try_lock(); ++tries) {
+    if (tries == 200) return "on the device: its executor is busy (no answer within 2 s)";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (ops_.empty()) return "";
+  const Op& head = ops_.front();
+  std::string text = format("on the device: %zu op(s) enqueued and not passed; the oldest, %s, ",
+                            ops_.size(), head.info.describe().c_str());
+  try {
+    if (!device_.query(head.begin))
+      return text + "not reached yet: its stream is behind earlier work of its own";
+    text += "reached";
+    if (head.startedAt)
+      text += format(" %.3g s ago",
+                     std::chrono::duration<double>(Clock::now() - *head.startedAt).count());
+    const Stuck stuck = stuckAt(head, /*ownWaits=*/true);
+    return text + ", " +
+           (stuck.peer < 0 ? std::string("with every wait's value written: its stream is held by "
+                                         "something else (a kernel, or a stream ahead of it on "
+                                         "a shared hardware queue)")
+                           : stuck.where);
+  } catch (const std::exception& error) {
+    return text + "its counters could not be read: " + error.what();
+  }
+}
+
 std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
   const Clock::time_point now = Clock::now();
   if (!head.startedAt) {
@@ -115,57 +202,20 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
   // Whom the stream waits for: its first wait that does not hold, in the
   // order they were lowered (a peer that is itself stuck may owe data too,
   // yet that is not what holds this rank).
-  int peer = -1;
-  std::string where = "waiting on the device";
-  for (const BoardWait& wait : head.boardWaits) {
-    const uint32_t raised = device_.readFlagNow(wait.flag);
-    if (device::passes(raised, wait.value, device::Compare::GreaterOrEqual)) continue;
-    peer = wait.peer;
-    where = wait.signal < 0
-                ? format(
-                      "waiting to send a put or signal to rank %d through the "
-                      "network (%d calls before it)",
-                      wait.peer, static_cast<int32_t>(wait.value - raised) - 1)
-                : format("waiting for signal %d from rank %d (%d more raises to come)", wait.signal,
-                         wait.peer, static_cast<int32_t>(wait.value - raised));
-    break;
-  }
-  for (const Op::Wait& wait : head.waits) {
-    const transport::DeviceConnection* c = transport_->connection(wait.peer);
-    if (wait.peer == rank_) continue;
-    if (!wait.data) {
-      const auto unread =
-          static_cast<int32_t>(low(wait.message) - device_.readFlagNow(c->send.credit));
-      if (unread < static_cast<int32_t>(slots_)) continue;
-      peer = wait.peer;
-      where = format("waiting for rank %d to take data", peer);
-      break;
-    }
-    // Taken already (the stream is past it), or here and of its op.
-    const uint32_t consumed = device_.readFlagNow(c->recv.credit);
-    if (static_cast<int32_t>(consumed - low(wait.message)) > 0) continue;
-    const uint32_t filled = device_.readFlagNow(c->recv.filled);
-    if (static_cast<int32_t>(filled - low(wait.message)) <= 0) {
-      peer = wait.peer;
-      uint64_t last = wait.message + 1;  // the op's last message from the peer
-      for (const Op::Target& target : head.targets)
-        if (target.peer == peer) last = target.received;
-      where = format("waiting for data from rank %d (%d messages still to come)", peer,
-                     static_cast<int32_t>(low(last) - filled));
-      break;
-    }
-    const uint32_t tag = device_.readFlagNow(c->recv.tags + wait.message % slots_);
-    if (tag == wait.tag) continue;
+  const Stuck stuck = stuckAt(head, /*ownWaits=*/false);
+  if (stuck.foreignTag) {
     // Nothing missing, yet stuck: the peer's next message belongs to
     // another op (the ranks did not issue the same operations).
     if (!head.graceUntil) head.graceUntil = now;  // no peer to hear from: fail now
-    *blamed = wait.peer;
+    *blamed = stuck.peer;
     return Error(ErrorCode::Internal,
                  format("braid rank %d: %s on the device: peer %d sent a message of another "
                         "operation (tag %08x): the ranks did not issue the same operations, or "
                         "grouped them differently",
-                        rank_, head.info.describe().c_str(), wait.peer, tag));
+                        rank_, head.info.describe().c_str(), stuck.peer, *stuck.foreignTag));
   }
+  const int peer = stuck.peer;
+  const std::string& where = stuck.where;
   int culprit = peer;
   if (peer >= 0) {
     const int further = transport_->peerWaitsFor(peer);
