@@ -26,7 +26,8 @@ void CudaIssue::enqueue(Communicator& comm, Op ops, Finish copies) {
     for (auto& [future, value] : futures) future->setError(refused);
     throw;
   }
-  captured = c10::cuda::isStreamCapturingMayInitCtx(current.stream());
+  // (`current` is the current stream here.)
+  captured = c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::Active;
   done.record(current);
   enqueued = true;
   // A CUDA future completes with the events of its devices' current

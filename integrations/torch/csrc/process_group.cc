@@ -28,6 +28,21 @@ constexpr bool kCuda = true;
 constexpr bool kCuda = false;
 #endif
 
+// The Work types of the *_tensor_coalesced calls: their own from the torch
+// that added it, the batch's before.
+#if BRAID_TORCH_SINCE(14)  // OpType::ALLGATHER_INTO_TENSOR_COALESCED: torch 2.14
+constexpr c10d::OpType kAllgatherIntoTensorCoalesced =
+    c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED;
+#else
+constexpr c10d::OpType kAllgatherIntoTensorCoalesced = c10d::OpType::COALESCED;
+#endif
+#if BRAID_TORCH_SINCE(12)  // OpType::REDUCE_SCATTER_TENSOR_COALESCED: torch 2.12
+constexpr c10d::OpType kReduceScatterTensorCoalesced =
+    c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
+#endif
+
 std::optional<DataType> braidType(at::ScalarType type) {
   switch (type) {
     case at::kChar:
@@ -258,8 +273,9 @@ class Checks {
         return r;
       case c10d::ReduceOp::PREMUL_SUM: {
         if (!isFloat) break;
+        // (torch 2.13 renamed it PreMulSumSupplement, keeping this name.)
         const auto* factor =
-            dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+            dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
         const at::Tensor* tensor =
             factor && factor->tensor_factor.defined() ? &factor->tensor_factor : nullptr;
         if (!factor) refuse("ReduceOp.PREMUL_SUM without its factor");
@@ -799,7 +815,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesce
     const c10d::AllgatherOptions& opts) {
   Checks(rank_, size_, "allgather_into_tensor_coalesced")
       .onePerInput(outputs.size(), inputs.size(), "output");
-  return coalesced(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, [&] {
+  return coalesced(kAllgatherIntoTensorCoalesced, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
   });
 }
@@ -809,7 +825,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesce
     const c10d::ReduceScatterOptions& opts) {
   Checks(rank_, size_, "reduce_scatter_tensor_coalesced")
       .onePerInput(outputs.size(), inputs.size(), "output");
-  return coalesced(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, [&] {
+  return coalesced(kReduceScatterTensorCoalesced, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
   });
 }

@@ -36,6 +36,34 @@
 
 #include "braid/communicator.h"
 
+// Whether the torch built against is 2.`minor` or later (braid_torch
+// builds against torch 2.4 and later).
+#define BRAID_TORCH_SINCE(minor) (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= (minor))
+
+// Backend's virtuals that torch added after 2.4: ProcessGroupBraid's
+// overrides from the torch that declares them, its own methods (which
+// torch does not call) before.
+#if BRAID_TORCH_SINCE(7)  // supportsCoalescing, abort, shutdown: torch 2.7
+#define BRAID_OVERRIDE_SINCE_2_7 override
+#else
+#define BRAID_OVERRIDE_SINCE_2_7
+#endif
+#if BRAID_TORCH_SINCE(9)  // getBackendOptions, setTimeout, split: torch 2.9
+#define BRAID_OVERRIDE_SINCE_2_9 override
+#else
+#define BRAID_OVERRIDE_SINCE_2_9
+#endif
+#if BRAID_TORCH_SINCE(10)  // supportsShrinking, shrink: torch 2.10
+#define BRAID_OVERRIDE_SINCE_2_10 override
+#else
+#define BRAID_OVERRIDE_SINCE_2_10
+#endif
+#if BRAID_TORCH_SINCE(14)  // gather_into_tensor: torch 2.14
+#define BRAID_OVERRIDE_SINCE_2_14 override
+#else
+#define BRAID_OVERRIDE_SINCE_2_14
+#endif
+
 namespace braid::torch_backend {
 
 class Calls;
@@ -192,7 +220,7 @@ class ProcessGroupBraid : public c10d::Backend {
   const std::string getBackendName() const override { return "braid"; }
   // The name and timeout torch made the group with (its flight recorder
   // and split_group read them).
-  c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
+  c10::intrusive_ptr<Options> getBackendOptions() BRAID_OVERRIDE_SINCE_2_9 { return options_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -211,11 +239,10 @@ class ProcessGroupBraid : public c10d::Backend {
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
   // gather_single: the inputs of every rank, in rank order, into one
-  // tensor at the root (elsewhere `output` is not used). Declared without
-  // `override`: the base declares it from torch 2.14 on, and earlier this
-  // is a method of its own.
+  // tensor at the root (elsewhere `output` is not used).
   c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                                    const c10d::GatherOptions& opts);
+                                                    const c10d::GatherOptions& opts)
+      BRAID_OVERRIDE_SINCE_2_14;
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
@@ -250,28 +277,30 @@ class ProcessGroupBraid : public c10d::Backend {
   // *_coalesced calls): the calls between startCoalescing() and
   // endCoalescing() run as one braid group, so sends and receives in any
   // order cannot deadlock; each call's Work completes with the batch's.
-  bool supportsCoalescing() const override { return true; }
+  bool supportsCoalescing() const BRAID_OVERRIDE_SINCE_2_7 { return true; }
   // The collectives issued on this group so far (point-to-point calls not
   // counted): the same on every rank that issued the same calls.
   uint64_t getSequenceNumberForGroup() override { return collectives_; }
   // dist.set_timeout: the group's timeout from now on, for braid's ops
   // (CPU and CUDA) and monitored_barrier's default.
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setTimeout(std::chrono::milliseconds timeout) BRAID_OVERRIDE_SINCE_2_9;
   // Fails the call running and every queued one with braid's Aborted
   // (torch.distributed's _abort_process_group), and the ops enqueued on
   // CUDA streams, whose streams go on; the group is done.
-  void abort() override;
+  void abort() BRAID_OVERRIDE_SINCE_2_7;
   // Runs what was issued to its end (each call ends, or fails at braid's
   // timeout), then stops the group's thread.
-  void shutdown() override;
+  void shutdown() BRAID_OVERRIDE_SINCE_2_7;
   // split_group: every rank of this group calls it, each with the ranks of
   // its new group (a rank in none with a list that leaves it out, and gets
   // null back). It runs braid's split in turn with the calls issued before
-  // it; the new group's timeout is the one `opts` gives.
-  bool supportsSplitting() const override { return true; }
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::vector<int>& ranks,
-                                          const c10::intrusive_ptr<Options>& opts) override;
+  // it; the new group's timeout is the one `opts` gives. (Before torch 2.9,
+  // which added Backend::split, torch splits only NCCL's groups, calling
+  // methods of NCCL's: braid's then says it does not split.)
+  bool supportsSplitting() const override { return BRAID_TORCH_SINCE(9); }
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) BRAID_OVERRIDE_SINCE_2_9;
   // shrink_group: the ranks not in `ranksToExclude` call it (the others may
   // be dead, stopped or leaving) and get a group of themselves, ranked in
   // their old order, without the excluded ranks taking part (braid's
@@ -279,10 +308,10 @@ class ProcessGroupBraid : public c10d::Backend {
   // queued ones fail first, so a group hung on a dead rank shrinks at once;
   // with SHRINK_DEFAULT (0) it runs after them. The new group's timeout is
   // the one `opts` gives, else this group's.
-  bool supportsShrinking() const override { return true; }
+  bool supportsShrinking() const BRAID_OVERRIDE_SINCE_2_10 { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
-                                           int shrinkFlags,
-                                           const c10::intrusive_ptr<Options>& opts) override;
+                                           int shrinkFlags, const c10::intrusive_ptr<Options>& opts)
+      BRAID_OVERRIDE_SINCE_2_10;
   // Every rank of this group and `size` - size() new processes make a group
   // of `size` ranks, in which this group's keep their ranks and the new
   // ones take the ranks after (braid's Communicator::grow). They meet
