@@ -79,7 +79,8 @@ setup(
             "braid_torch._C",
             [str(HERE / "csrc" / "module.cc"), str(HERE / "csrc" / "process_group.cc")] + braid_sources(),
             include_dirs=[str(ROOT / "include"), str(GENERATED), str(ROOT / "src"), str(ROOT)],
-            define_macros=[("BRAID_HAVE_CUDA", "0"), ("BRAID_HAVE_UCX", "0"), ("BRAID_HAVE_IBVERBS", "0")],
+            define_macros=[("BRAID_HAVE_CUDA", "0"), ("BRAID_HAVE_UCX", "0"), ("BRAID_HAVE_IBVERBS", "0"),
+                           ("BRAID_HAVE_TLS", "0")],  # (no OpenSSL linked: sockets stay plain)
             extra_compile_args=["-O3", "-fno-semantic-interposition", "-Wno-unused-parameter"],
             libraries=["pthread"],
         )
