@@ -111,6 +111,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
 void Communicator::Impl::failedToRun(const Error& error) {
   if (error.code() == ErrorCode::Timeout && knobs.dumpOnTimeout)
     diagnose::report(*this, "timed out");
+  executor->forgetFailedOp();
   recordFailure(error);
   giveUp(executor->blamedRank());
 }

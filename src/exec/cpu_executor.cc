@@ -489,7 +489,6 @@ int Executor::awaitSender(const OpInfo& info, const std::vector<uint32_t>& tags,
       prepareToWait();
     }
   } catch (const Error& error) {
-    activity_.name.store(nullptr, std::memory_order_relaxed);  // no op runs once it failed
     if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
     for (const transport::Transport* transport : active_)
       if (blamed_ < 0) blamed_ = transport->failedPeer();
@@ -639,7 +638,6 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
       }
     }
   } catch (const Error& error) {
-    activity_.name.store(nullptr, std::memory_order_relaxed);  // no op runs once it failed
     // Transports throw without context; name this rank and the op here.
     if (std::strncmp(error.what(), "braid rank", 10) == 0) throw;
     for (const transport::Transport* transport : active_)

@@ -95,6 +95,9 @@ struct Activity {
 class Executor {
  public:
   const Activity& activity() const { return activity_; }
+  // The op that failed is over: hang reports no longer show it (once the
+  // failure's own report, if any, is written).
+  void forgetFailedOp() { activity_.name.store(nullptr, std::memory_order_relaxed); }
 
   // `wiring` outlives the executor. Every message is at most `pieceBytes`
   // (one slot), the same on every rank and every transport. `spinFirst`:
