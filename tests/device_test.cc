@@ -1115,9 +1115,6 @@ TEST_P(DeviceTest, AFailureOnTheDevicePathReachesPeersWaitingOnHostBuffers) {
   ::unsetenv("BRAID_TIMEOUT");
 }
 
-// abort() from another thread fails an op that waits for a peer that is
-// not coming, and the stream runs on; the late peer then fails naming the
-// rank that gave up.
 // SIGUSR1 while a device op's stream waits: the report reads the counters
 // and says which op the stream is stuck in and what for (here, rank 1's
 // data, which comes a second late). Whatever the host side is doing: it
@@ -1153,6 +1150,9 @@ TEST_P(DeviceTest, AHangReportSaysWhereTheStreamIsStuck) {
       options());
 }
 
+// abort() from another thread fails an op that waits for a peer that is
+// not coming, and the stream runs on; the late peer then fails naming the
+// rank that gave up.
 TEST_P(DeviceTest, AbortFromAnotherThreadFailsAWaitingOpAndReleasesItsStream) {
   runRanks(
       2,

@@ -199,9 +199,7 @@ std::optional<Error> DeviceExecutor::checkDeadline(Op& head, int* blamed) {
     head.startedAt = now;
   }
   if (now - *head.startedAt < timeout()) return std::nullopt;
-  // Whom the stream waits for: its first wait that does not hold, in the
-  // order they were lowered (a peer that is itself stuck may owe data too,
-  // yet that is not what holds this rank).
+  // Whom the stream waits for.
   const Stuck stuck = stuckAt(head, /*ownWaits=*/false);
   if (stuck.foreignTag) {
     // Nothing missing, yet stuck: the peer's next message belongs to
