@@ -28,6 +28,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "reduce/streaming.h"
+
 namespace braid::reduce {
 namespace {
 
@@ -1042,3 +1044,47 @@ TEST(NarrowFloat, FloatToFp8e5m2SaturatesFiniteButKeepsInfinity) {
 
 }  // namespace
 }  // namespace braid::reduce
+
+// ---- streaming stores (reduce/streaming.h) ----
+
+// Every length around the 16-byte store and the 64-byte loop, at every
+// misalignment of source and destination: the bytes written are exactly
+// the source's, and nothing around them changes.
+TEST(StreamingStores, CopyWritesExactlyTheBytesAtEveryAlignmentAndLength) {
+  std::vector<std::byte> src(512), dst(640);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
+  for (size_t srcShift = 0; srcShift < 16; ++srcShift)
+    for (size_t dstShift = 0; dstShift < 16; ++dstShift)
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{63},
+                           size_t{64}, size_t{65}, size_t{127}, size_t{200}, size_t{480}}) {
+        std::fill(dst.begin(), dst.end(), std::byte{0xee});
+        braid::reduce::copyStreaming(dst.data() + 64 + dstShift, src.data() + srcShift, bytes);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= 64 + dstShift && i < 64 + dstShift + bytes;
+          const std::byte want = inside ? src[srcShift + i - 64 - dstShift] : std::byte{0xee};
+          ASSERT_EQ(dst[i], want) << "byte " << i << " of a " << bytes << "-byte copy, source +"
+                                  << srcShift << ", destination +" << dstShift;
+        }
+      }
+}
+
+// Over several of its 4 KiB blocks and a tail, for each element size: the
+// same result as the kernel writing the output itself.
+TEST(StreamingStores, ReduceMatchesTheKernelForEveryElementSize) {
+  using braid::DataType;
+  for (DataType type : {DataType::Int8, DataType::Float16, DataType::Float32, DataType::Float64}) {
+    const size_t elem = braid::dataTypeSize(type);
+    const size_t count = 3 * 4096 / elem + 37;
+    std::vector<std::byte> a(count * elem + 8), b(count * elem), want(count * elem),
+        got(count * elem + 16);
+    std::mt19937 random(static_cast<unsigned>(elem));
+    // Small integers' bit patterns: finite in every type.
+    for (auto* v : {&a, &b})
+      for (size_t i = 0; i < v->size(); ++i) (*v)[i] = static_cast<std::byte>(random() % 60);
+    braid::reduce::Kernel kernel = braid::reduce::kernelFor(type, braid::ReduceOp::Max);
+    kernel(want.data(), a.data() + 8, b.data(), count);
+    braid::reduce::reduceStreaming(kernel, got.data() + 16, a.data() + 8, b.data(), count, elem);
+    EXPECT_EQ(std::memcmp(got.data() + 16, want.data(), want.size()), 0)
+        << braid::dataTypeName(type);
+  }
+}

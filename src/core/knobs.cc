@@ -10,6 +10,7 @@
 
 #include "braid/error.h"
 #include "core/errors.h"
+#include "reduce/streaming.h"
 #include "tuning/algo_choice.h"
 
 namespace braid {
@@ -134,6 +135,10 @@ const std::vector<KnobInfo>& knobTable() {
       {"BRAID_DIRECT_BYTES", "bytes", "4K",
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
        "peers instead of copied through slots; 0 turns this off",
+       nullptr},
+      {"BRAID_STREAM_BYTES", "bytes", "auto",
+       "host ops whose output is at least this big write it with streaming stores, past the "
+       "cache, where nothing reads it again soon; auto: half the last-level cache; 0: never",
        nullptr},
       {"BRAID_LOG_LEVEL", "string", "warn", "off, warn, info, debug or trace", "NCCL_DEBUG"},
       {"BRAID_LOG_SUBSYS", "list", "all",
@@ -342,6 +347,10 @@ Knobs Knobs::resolve(const Config& config) {
                        config.device));
   knobs.device = config.device;
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
+  const std::string stream = lookup(knob("BRAID_STREAM_BYTES")).first;
+  knobs.streamBytes = stream == "auto" || stream == "AUTO"
+                          ? reduce::lastLevelCacheBytes() / 2
+                          : parseBytes(stream, "BRAID_STREAM_BYTES");
   knobs.deviceSlotBytes =
       parseBytes(lookup(knob("BRAID_DEVICE_SLOT_BYTES")).first, "BRAID_DEVICE_SLOT_BYTES");
   knobs.deviceSlots =

@@ -66,6 +66,7 @@ struct Knobs {
   int sockets;                        // BRAID_NSOCKS_PERTHREAD: sockets per tcp connection
   size_t oneShotBytes;                // all-reduces up to this size use the one-shot plan
   size_t directBytes;       // pieces from memAlloc memory at least this big go by reference
+  size_t streamBytes;       // host outputs at least this big take streaming stores (0: none)
   std::string algo;         // BRAID_ALGO as given (see tuning::AlgoPreference)
   Tuning tuning;            // BRAID_TUNING
   bool deterministic;       // BRAID_DETERMINISTIC=1: the algorithm never depends on timing

@@ -78,6 +78,11 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.nranks = nranks;
     lane.tag = op.tag;
     lane.info = &op.info;
+    // In place, the output was read moments before it is written (the
+    // plans send a part first, then receive into it): it is in the cache.
+    const Extents extents = extentsOf(op, nranks);
+    lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
+                        !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
   }
   if (executor->usesReferences()) findRegions(ops, lanes, count);
   std::optional<Error> failure;

@@ -13,6 +13,7 @@
 #include "braid/error.h"
 #include "core/cpu_relax.h"
 #include "core/errors.h"
+#include "reduce/streaming.h"
 
 namespace braid::exec {
 namespace {
@@ -204,27 +205,45 @@ bool Executor::advance(Lane& lane) {
       region = lentFrom(lane, step, sent, piece, *out);
     }
     const size_t elems = piece / lane.elemSize;
+    // A reduction streams its result only where it writes apart from its
+    // own input, and only what is final (Avg then divides it in place).
+    const bool streamResult =
+        lane.streamOutput && result != mine && !(step.finalize && lane.op == ReduceOp::Avg);
     switch (step.kind) {
       case StepKind::Send:
         if (!region) std::memcpy(slotMemory, mine, piece);
         break;
       case StepKind::Recv:
-        std::memcpy(result, message->data, piece);
+        if (lane.streamOutput)
+          reduce::copyStreaming(result, message->data, piece);
+        else
+          std::memcpy(result, message->data, piece);
         break;
       case StepKind::RecvReduceSend:
         lane.kernel(slotMemory, message->data, mine, elems);
         break;
       case StepKind::RecvReduceCopy:
-        lane.kernel(result, message->data, mine, elems);
+        if (streamResult)
+          reduce::reduceStreaming(lane.kernel, result, message->data, mine, elems, lane.elemSize);
+        else
+          lane.kernel(result, message->data, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
         break;
       case StepKind::RecvReduceCopySend:
+        if (streamResult && !region) {  // into the slot, then on to the output past the cache
+          lane.kernel(slotMemory, message->data, mine, elems);
+          reduce::copyStreaming(result, slotMemory, piece);
+          break;
+        }
         lane.kernel(result, message->data, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
         if (!region) std::memcpy(slotMemory, result, piece);
         break;
       case StepKind::RecvCopySend:
-        std::memcpy(result, message->data, piece);
+        if (lane.streamOutput)
+          reduce::copyStreaming(result, message->data, piece);
+        else
+          std::memcpy(result, message->data, piece);
         if (!region) std::memcpy(slotMemory, message->data, piece);
         break;
       case StepKind::Copy:

@@ -59,6 +59,9 @@ struct Lane {
   // from there may go by reference (Executor's referenceBytes). The input's
   // only when it does not overlap the output (the op never writes it).
   memory::Region inputRegion, outputRegion;
+  // The output is larger than the cache: what the op will not read again
+  // goes there with streaming stores (reduce/streaming.h).
+  bool streamOutput = false;
 
   // Progress, owned by the executor.
   size_t step = 0;
