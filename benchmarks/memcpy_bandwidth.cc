@@ -1,20 +1,29 @@
-// braid-memcpy-bw: the machine's memory-copy bandwidth with P processes at
-// once, each copying its own buffer with memcpy. It bounds what a host
-// all-reduce can reach: every rank must at least read its input and write its
-// output, so a rank's algbw (bytes / time) cannot beat its share of this.
+// braid-memcpy-bw: the machine's memory bandwidth with P processes at once,
+// each running one kernel over its own buffers: the bound a host collective
+// works against. Every rank must at least read its input and write its
+// output, and each step of an algorithm is one of these kernels.
 //
 //   braid-memcpy-bw [-p 2] [-s 256M] [-r 10] [-J file.json]
 //
-// The parent forks P workers. Each allocates and touches a source and a
-// destination buffer of -s bytes (so no page fault is timed), then for each
-// of -r reps waits at a process-shared barrier and times one memcpy of the
-// whole buffer. Bandwidth counts the bytes copied (one copy = -s bytes, not
-// the read plus the write) per second, in GB/s of 1e9 bytes:
-//   aggregate    = P * size / (last end - first start), per rep, best rep;
-//   per process  = aggregate / P, what each gets while all copy at once;
-//   solo best    = size / one copy's own time, best over processes and reps
-//                  (near a lone process's rate when the copies did not
-//                  overlap, e.g. on a busy machine).
+// Kernels, STREAM-style, over float32 buffers a, b and c of -s bytes each:
+//   memcpy        c = a with libc's memcpy
+//   copy-stream   c = a with braid's streaming-store copy (reduce/streaming.h)
+//   add           c = a + b with braid's float32 sum kernel, ordinary stores
+//                 (STREAM's Add; its traffic is Triad's: two streams read,
+//                 one written)
+//   add-stream    c = a + b through braid's streaming-store reduction
+//   add-inplace   a = a + b, what an in-place reduction does
+// The parent forks P workers. Each allocates and touches its buffers (so no
+// page fault is timed), then for each kernel and each of -r reps waits at a
+// process-shared barrier and times one call over the whole buffers.
+// Bandwidth is in GB/s of 1e9 bytes, per rep, best rep:
+//   aggregate    = P * traffic / (last end - first start)
+//   per process  = aggregate / P, what each gets while all run at once
+//   solo best    = traffic / one call's own time, best over processes and reps
+// where traffic counts, as STREAM does, the bytes read and written: 2 s for
+// the copies, 3 s for the adds. For the memcpy line only (the first one, and
+// the JSON's top-level fields) the bytes copied, s, count instead, so that a
+// rank's algbw (bytes / time) compares with it directly.
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -31,14 +40,20 @@
 #include <string>
 #include <vector>
 
+#include "braid/types.h"
+#include "reduce/reduce.h"
+#include "reduce/streaming.h"
+
 namespace {
 
 constexpr const char* kUsage =
     "usage: braid-memcpy-bw [options]\n"
-    "Memory-copy bandwidth with P processes each copying its own buffer at once.\n"
+    "Memory bandwidth with P processes each running a copy or add kernel on its own\n"
+    "buffers at once (memcpy, and braid's copy and reduce kernels).\n"
     "  -p, --procs N            processes (default 2)\n"
-    "  -s, --size SIZE          bytes each process copies, K M G suffixes (default 256M)\n"
-    "  -r, --reps N             timed copies per process; the best counts (default 10)\n"
+    "  -s, --size SIZE          bytes of each buffer, K M G suffixes (default 256M)\n"
+    "  -r, --reps N             timed calls per kernel and process; the best counts\n"
+    "                           (default 10)\n"
     "  -J, --output_file FILE   also write the results as JSON\n"
     "  -h, --help               print this help\n";
 
@@ -49,11 +64,21 @@ struct Options {
   std::string jsonPath;
 };
 
+// The kernels, in the order they run and print.
+struct KernelInfo {
+  const char* name;
+  int traffic;  // buffer sizes read plus written per call
+};
+constexpr KernelInfo kKernels[] = {
+    {"memcpy", 2}, {"copy-stream", 2}, {"add", 3}, {"add-stream", 3}, {"add-inplace", 3}};
+constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
+
 // What the workers share with the parent: one barrier, and each worker's
-// start and end time (CLOCK_MONOTONIC, one clock for all processes) per rep.
+// start and end time (CLOCK_MONOTONIC, one clock for all processes) per
+// kernel and rep.
 struct Shared {
   pthread_barrier_t barrier;
-  double times[1];  // [procs][reps][2], allocated past the struct
+  double times[1];  // [procs][kernels][reps][2], allocated past the struct
 };
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -119,27 +144,63 @@ double now() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
-// One worker: touch both buffers, then time `reps` copies. Exit code 0 or 1.
+// One call of kernel k over the worker's buffers.
+void runKernel(int k, float* a, const float* b, float* c, size_t bytes) {
+  static const braid::reduce::Kernel sum =
+      braid::reduce::kernelFor(braid::DataType::Float32, braid::ReduceOp::Sum);
+  const size_t count = bytes / sizeof(float);
+  switch (k) {
+    case 0:
+      std::memcpy(c, a, bytes);
+      break;
+    case 1:
+      braid::reduce::copyStreaming(c, a, bytes);
+      break;
+    case 2:
+      sum(c, a, b, count);
+      break;
+    case 3:
+      braid::reduce::reduceStreaming(sum, c, a, b, count, sizeof(float));
+      break;
+    default:
+      sum(a, a, b, count);
+      break;
+  }
+}
+
+// One worker: touch its buffers, then time `reps` calls of each kernel.
+// Exit code 0 or 1.
 int work(Shared* shared, const Options& options, int index) {
-  unsigned char* src = static_cast<unsigned char*>(std::aligned_alloc(4096, options.bytes));
-  unsigned char* dst = static_cast<unsigned char*>(std::aligned_alloc(4096, options.bytes));
-  bool ok = src && dst;
+  const size_t bytes = options.bytes / sizeof(float) * sizeof(float);
+  auto* a = static_cast<float*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  auto* b = static_cast<float*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  auto* c = static_cast<float*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  const size_t count = bytes / sizeof(float);
+  bool ok = a && b && c;
   if (ok) {
-    std::memset(src, index + 1, options.bytes);
-    std::memset(dst, 0, options.bytes);
+    std::fill(a, a + count, 0.0f);
+    std::fill(b, b + count, 1.0f);
+    std::fill(c, c + count, 0.0f);
   }
-  double* times = shared->times + static_cast<size_t>(index) * options.reps * 2;
-  for (int rep = 0; rep < options.reps; ++rep) {
-    pthread_barrier_wait(&shared->barrier);  // every worker takes part, even a failed one
-    times[2 * rep] = now();
-    if (ok) std::memcpy(dst, src, options.bytes);
-    times[2 * rep + 1] = now();
-  }
-  // The copy really happened (and is not optimised away): check its ends.
-  if (ok && (dst[0] != index + 1 || dst[options.bytes - 1] != index + 1)) ok = false;
-  std::free(src);
-  std::free(dst);
-  if (!ok) std::fprintf(stderr, "braid-memcpy-bw: worker %d: cannot allocate or copy\n", index);
+  double* times = shared->times + static_cast<size_t>(index) * kNumKernels * options.reps * 2;
+  for (int k = 0; k < kNumKernels; ++k)
+    for (int rep = 0; rep < options.reps; ++rep) {
+      pthread_barrier_wait(&shared->barrier);  // every worker takes part, even a failed one
+      double* slot = times + (static_cast<size_t>(k) * options.reps + rep) * 2;
+      slot[0] = now();
+      if (ok) runKernel(k, a, b, c, bytes);
+      slot[1] = now();
+    }
+  // The calls really happened (and were not optimised away): after the
+  // in-place adds, a holds the number of them; c was last written by
+  // add-stream from an a of 0 and a b of 1.
+  if (ok && count &&
+      (a[0] != static_cast<float>(options.reps) || a[count - 1] != a[0] || c[count - 1] != 1.0f))
+    ok = false;
+  std::free(a);
+  std::free(b);
+  std::free(c);
+  if (!ok) std::fprintf(stderr, "braid-memcpy-bw: worker %d: cannot allocate or compute\n", index);
   return ok ? 0 : 1;
 }
 
@@ -147,7 +208,7 @@ int work(Shared* shared, const Options& options, int index) {
 
 int main(int argc, char** argv) {
   Options options = parseOptions(argc, argv);
-  size_t timeCount = static_cast<size_t>(options.procs) * options.reps * 2;
+  size_t timeCount = static_cast<size_t>(options.procs) * kNumKernels * options.reps * 2;
   size_t sharedBytes = sizeof(Shared) + timeCount * sizeof(double);
   void* mapping =
       mmap(nullptr, sharedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -184,34 +245,45 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // Per kernel: aggregate, per process and solo best, in traffic GB/s.
+  struct Result {
+    double aggregate = 0, perProcess = 0, solo = 0;
+  };
+  Result results[kNumKernels];
   const double* times = shared->times;
-  auto start = [&](int p, int rep) {
-    return times[(static_cast<size_t>(p) * options.reps + rep) * 2];
-  };
-  auto end = [&](int p, int rep) {
-    return times[(static_cast<size_t>(p) * options.reps + rep) * 2 + 1];
-  };
-  double bytes = static_cast<double>(options.bytes);
-  double aggregate = 0;
-  for (int rep = 0; rep < options.reps; ++rep) {
-    double first = start(0, rep), last = end(0, rep);
-    for (int p = 1; p < options.procs; ++p) {
-      first = std::min(first, start(p, rep));
-      last = std::max(last, end(p, rep));
+  for (int k = 0; k < kNumKernels; ++k) {
+    auto at = [&](int p, int rep, int end) {
+      return times[((static_cast<size_t>(p) * kNumKernels + k) * options.reps + rep) * 2 + end];
+    };
+    const double traffic = static_cast<double>(options.bytes) * kKernels[k].traffic;
+    Result& r = results[k];
+    for (int rep = 0; rep < options.reps; ++rep) {
+      double first = at(0, rep, 0), last = at(0, rep, 1);
+      for (int p = 1; p < options.procs; ++p) {
+        first = std::min(first, at(p, rep, 0));
+        last = std::max(last, at(p, rep, 1));
+      }
+      r.aggregate = std::max(r.aggregate, options.procs * traffic / (last - first) / 1e9);
+      for (int p = 0; p < options.procs; ++p)
+        r.solo = std::max(r.solo, traffic / (at(p, rep, 1) - at(p, rep, 0)) / 1e9);
     }
-    aggregate = std::max(aggregate, options.procs * bytes / (last - first) / 1e9);
+    r.perProcess = r.aggregate / options.procs;
   }
-  double perProcess = aggregate / options.procs;
-  double solo = 0;
-  for (int p = 0; p < options.procs; ++p)
-    for (int rep = 0; rep < options.reps; ++rep)
-      solo = std::max(solo, bytes / (end(p, rep) - start(p, rep)) / 1e9);
+  // memcpy's bytes copied per second: half its traffic.
+  const double aggregate = results[0].aggregate / 2, perProcess = results[0].perProcess / 2,
+               solo = results[0].solo / 2;
 
   std::printf("# braid-memcpy-bw: %d processes, %zu bytes each, %d reps, best of; GB/s = 1e9 B/s\n",
               options.procs, options.bytes, options.reps);
-  std::printf("#   procs        bytes  aggregate  per-process    solo-best\n");
+  std::printf(
+      "#   procs        bytes  aggregate  per-process    solo-best   (memcpy: bytes copied)\n");
   std::printf("%9d%13zu%11.2f%13.2f%13.2f\n", options.procs, options.bytes, aggregate, perProcess,
               solo);
+  std::printf("#\n# every kernel, bytes read + written per second:\n");
+  std::printf("#      kernel  aggregate  per-process    solo-best\n");
+  for (int k = 0; k < kNumKernels; ++k)
+    std::printf("%13s%11.2f%13.2f%13.2f\n", kKernels[k].name, results[k].aggregate,
+                results[k].perProcess, results[k].solo);
   if (!options.jsonPath.empty()) {
     std::FILE* file = std::fopen(options.jsonPath.c_str(), "w");
     if (!file) {
@@ -222,8 +294,15 @@ int main(int argc, char** argv) {
     std::fprintf(file,
                  "{\n  \"program\": \"braid-memcpy-bw\",\n  \"procs\": %d,\n  \"bytes\": %zu,\n"
                  "  \"reps\": %d,\n  \"aggregate_gbps\": %.4f,\n  \"per_process_gbps\": %.4f,\n"
-                 "  \"solo_best_gbps\": %.4f\n}\n",
+                 "  \"solo_best_gbps\": %.4f,\n  \"kernels\": [",
                  options.procs, options.bytes, options.reps, aggregate, perProcess, solo);
+    for (int k = 0; k < kNumKernels; ++k)
+      std::fprintf(file,
+                   "%s\n    {\"name\": \"%s\", \"traffic\": %d, \"aggregate_gbps\": %.4f, "
+                   "\"per_process_gbps\": %.4f, \"solo_best_gbps\": %.4f}",
+                   k ? "," : "", kKernels[k].name, kKernels[k].traffic, results[k].aggregate,
+                   results[k].perProcess, results[k].solo);
+    std::fprintf(file, "\n  ]\n}\n");
     if (std::fclose(file) != 0) {
       std::fprintf(stderr, "braid-memcpy-bw: cannot write %s\n", options.jsonPath.c_str());
       return 1;
