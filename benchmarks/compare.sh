@@ -52,7 +52,9 @@
 #   GLOO_ALGOS   Gloo variants, best per size is shown (default
 #                "default ring ring-legacy halving-doubling")
 #   RUN_TIMEOUT  seconds for each run (default 600)
-#   REPEAT       rounds of all the runs; each size keeps its best (default 1)
+#   REPEAT       rounds of all the runs, interleaved: round 1 runs every job
+#                once, then round 2, ...; each size shows the median of its
+#                rounds and their spread (default 3)
 #   MEMCPY_BYTES buffer each memcpy process copies (default 256M)
 set -euo pipefail
 
@@ -93,7 +95,7 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 GLOO_ALGOS=${GLOO_ALGOS:-default ring ring-legacy halving-doubling}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
-REPEAT=${REPEAT:-1}
+REPEAT=${REPEAT:-3}
 MEMCPY_BYTES=${MEMCPY_BYTES:-256M}
 
 python=""
@@ -206,7 +208,7 @@ cpu_busy() {
 
 # The all-reduce jobs: a label, a file name, and the command (shell-quoted)
 # without its -J. Each round runs every job once, in this order, so that a
-# passing load falls on all alike; the tables keep each size's best round.
+# passing load falls on all alike; the tables show each size's median round.
 job_labels=()
 job_names=()
 job_commands=()
@@ -434,11 +436,12 @@ def series(doc):
     return points
 
 
-# Per label, each size's best (lowest time) over its rounds, and which
-# variant gave it; every Gloo variant counts as one implementation, "Gloo".
-impls = []  # (label, points, library)
+# Per implementation and size, one time per round (the run's file name
+# ends in .rK from round 2 on); every Gloo variant counts as one
+# implementation, "Gloo", whose time in a round is its fastest variant's.
+impls = []  # (label, points, library): points = {size: (median time, busbw, spread)}
 notes = []
-best_of = {}  # label -> {size: (time, busbw, variant)}
+samples = {}  # group -> {size: {round: (time, variant)}}
 libraries = {}
 rounds = {}
 for run in runs:
@@ -450,24 +453,39 @@ for run in runs:
         notes.append(f"{label}: no readable {run['name']}.json")
         continue
     group, variant = ("Gloo", label.split(" ", 1)[1]) if label.startswith("Gloo ") else (label, "")
+    name = run["name"]
+    round_no = int(name.rsplit(".r", 1)[1]) if ".r" in name else 1
     rounds[label] = rounds.get(label, 0) + 1
     libraries.setdefault(group, doc.get("library", "").split(" (")[0])
-    best = best_of.setdefault(group, {})
-    for size, (t, bw) in series(doc).items():
-        if size not in best or t < best[size][0]:
-            best[size] = (t, bw, variant)
-for group, best in best_of.items():
-    if group != "Gloo":
-        impls.append((group, {s: (t, bw) for s, (t, bw, _) in best.items()}, libraries[group]))
+    by_size = samples.setdefault(group, {})
+    for size, (t, _) in series(doc).items():
+        per_round = by_size.setdefault(size, {})
+        if round_no not in per_round or t < per_round[round_no][0]:
+            per_round[round_no] = (t, variant)
+
+
+def median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+factor_all = 2 * (int(machine.get("nranks", 2)) - 1) / int(machine.get("nranks", 2))
 gloo_wins = {}
-if "Gloo" in best_of:
-    best = best_of["Gloo"]
-    library = libraries["Gloo"]
-    if best:
-        for size, (_, _, algo) in best.items():
-            gloo_wins[algo] = gloo_wins.get(algo, 0) + 1
-        impls.append(("Gloo", {s: (t, bw) for s, (t, bw, _) in best.items()}, library))
-        gloo_choice = {s: a for s, (_, _, a) in best.items()}
+gloo_choice = {}
+for group, by_size in samples.items():
+    points = {}
+    for size, per_round in by_size.items():
+        times = [t for t, _ in per_round.values()]
+        t = median(times)
+        spread = (max(times) - min(times)) / 2 / t if t > 0 else 0
+        points[size] = (t, size / (t * 1e3) * factor_all if t > 0 else None, spread)
+        if group == "Gloo":  # the variant of the median round (of the faster middle one)
+            variant = min(per_round.values(), key=lambda tv: abs(tv[0] - t))[1]
+            gloo_choice[size] = variant
+            gloo_wins[variant] = gloo_wins.get(variant, 0) + 1
+    impls.append((group, points, libraries[group]))
+impls.sort(key=lambda impl: impl[0] == "Gloo")  # Gloo last, as its jobs run
 
 braid = next((points for label, points, _ in impls if label == "braid"), {})
 peers = [(label, points) for label, points, _ in impls if not label.startswith("braid")]
@@ -482,7 +500,9 @@ lines.append(
     "Out-of-place; time = mean µs per call after warm-up, the slowest rank's; "
     "busbw = size / time × 2(n−1)/n in GB/s (1 GB = 1e9 B), as braid-perf and nccl-tests. "
     "Every run verified its results (any wrong element fails the run). "
-    f"Each size shows its best of {max(rounds.values(), default=0)} round(s).\n")
+    f"Each size shows the median of {max(rounds.values(), default=0)} round(s), run "
+    "interleaved (every implementation once per round); ±: half the range of the "
+    "rounds' times, as a share of the median.\n")
 head = ["size"]
 for label, _, _ in impls:
     head += [f"{label} µs", f"{label} busbw"]
@@ -492,8 +512,11 @@ lines.append("|" + "|".join(["---:"] * (len(head) - 3) + [":---", "---:", "---:"
 for size in sizes:
     row = [human(size)]
     for _, points, _ in impls:
-        t, bw = points.get(size, (None, None))
-        row += [fmt_time(t), fmt(bw)]
+        t, bw, spread = points.get(size, (None, None, None))
+        cell = fmt_time(t)
+        if t is not None and max(rounds.values(), default=0) > 1:
+            cell += f" ±{100 * spread:.0f}%"
+        row += [cell, fmt(bw)]
     candidates = [(points[size][0], label) for label, points in peers if size in points]
     if candidates:
         best_time, best_label = min(candidates)
@@ -506,6 +529,24 @@ for size in sizes:
     else:
         row += ["–", "–", "–"]
     lines.append("| " + " | ".join(row) + " |")
+lines.append("")
+# The issue-style summary: the ratios over the bandwidth and the latency ranges.
+bw_ratios, time_ratios = [], []
+for size in sizes:
+    candidates = [points[size][0] for _, points in peers if size in points]
+    if not candidates:
+        continue
+    ratio = min(candidates) / braid[size][0]
+    if (128 << 10) <= size <= (32 << 20):
+        bw_ratios.append(ratio)
+    if size <= 4096:
+        time_ratios.append(1 / ratio)
+if bw_ratios:
+    lines.append(f"braid/best busbw from 128 KiB to 32 MiB: lowest {min(bw_ratios):.2f}, median "
+                 f"{median(bw_ratios):.2f} ({len(bw_ratios)} sizes).")
+if time_ratios:
+    lines.append(f"braid/best time up to 4 KiB: highest {max(time_ratios):.2f}, median "
+                 f"{median(time_ratios):.2f} ({len(time_ratios)} sizes).")
 lines.append("")
 lines.append("braid/best busbw > 1: braid moves more bytes per second than the best peer; "
              f"braid/best time (sizes ≤ {human(SMALL)}) > 1: braid's call takes that many "
@@ -521,14 +562,32 @@ memcpy_run = next((r for r in runs if r["label"] == "memcpy"), None)
 if memcpy_run and memcpy_run["status"] == "ok":
     memcpy = load("memcpy")
 if memcpy:
-    per = memcpy["per_process_gbps"]
+    # The bound: the fastest copy kernel's rate per process while every
+    # process runs it (bytes copied per second: half its traffic).
+    kernels = {k["name"]: k for k in memcpy.get("kernels", [])}
+    copies = [(memcpy["per_process_gbps"], "memcpy")]
+    if "copy-stream" in kernels:
+        copies.append((kernels["copy-stream"]["per_process_gbps"] / 2, "braid's streaming copy"))
+    per, bound_kernel = max(copies)
     lines.append(
-        f"**Memory-copy bound** (braid-memcpy-bw, {memcpy['procs']} processes each copying "
-        f"{human(memcpy['bytes'])} at once, best of {memcpy['reps']}): aggregate "
-        f"{memcpy['aggregate_gbps']:.2f} GB/s, so {per:.2f} GB/s per process while all copy "
-        f"(one copy alone at best {memcpy['solo_best_gbps']:.2f} GB/s). "
-        "A rank must at least read its input and write its output, so its algbw "
-        "cannot beat its per-process copy rate.")
+        f"**Memory bound** (braid-memcpy-bw, {memcpy['procs']} processes each running a kernel "
+        f"over its own {human(memcpy['bytes'])} buffers at once, best of {memcpy['reps']}): "
+        f"memcpy copies {memcpy['per_process_gbps']:.2f} GB/s per process while all copy (one "
+        f"copy alone at best {memcpy['solo_best_gbps']:.2f} GB/s).")
+    if kernels:
+        lines.append("")
+        lines.append("| kernel | per process, bytes read + written per second (GB/s) |")
+        lines.append("|:---|---:|")
+        for k in memcpy["kernels"]:
+            lines.append(f"| {k['name']} | {k['per_process_gbps']:.2f} |")
+    lines.append("")
+    lines.append(
+        f"The bound is the fastest copy, {bound_kernel}: {per:.2f} GB/s copied per process. An "
+        "all-reduce rank must at least read its input and write its output, as a copy does, so "
+        "its algbw cannot beat that; ring all-reduce reads and writes each of those bytes once "
+        "in memory (the pieces it sends and receives in between pass through FIFOs that stay "
+        "in the cache), so its algbw over the bound is the share of the memory bandwidth it "
+        "uses.")
     big = [s for s in sizes if s >= 32 << 20]
     factor = 2 * (int(machine.get("nranks", 2)) - 1) / int(machine.get("nranks", 2))
     parts = []
@@ -537,7 +596,7 @@ if memcpy:
         parts.append(f"{human(s)}: {algbw:.3f} GB/s = {100 * algbw / per:.1f}%")
     if parts:
         lines.append("")
-        lines.append("braid algbw at ≥ 32 MiB, as a share of the per-process copy bandwidth: "
+        lines.append("braid algbw at ≥ 32 MiB (out of place), as a share of the bound: "
                      + "; ".join(parts) + ".")
         best_parts = []
         for s in big:
@@ -549,7 +608,7 @@ if memcpy:
         if best_parts:
             lines.append("The best peer there: " + "; ".join(best_parts) + ".")
 else:
-    lines.append("**Memory-copy bound**: not measured (braid-memcpy-bw missing or failed).")
+    lines.append("**Memory bound**: not measured (braid-memcpy-bw missing or failed).")
 lines.append("")
 
 lines.append("## Machine\n")
@@ -601,7 +660,7 @@ with open(os.path.join(out, "plot.dat"), "w") as f:
     for s in all_sizes:
         cols = [str(s)]
         for _, points, _ in impls:
-            t, bw = points.get(s, (None, None))
+            t, bw = points.get(s, (None, None, None))[:2]
             cols += [f"{t:.6g}" if t else "?", f"{bw:.6g}" if bw else "?"]
         f.write(" ".join(cols) + "\n")
 
