@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -465,6 +466,165 @@ TEST(MemAlloc, PeersReadBuffersInPlaceAcrossFreesAndManyRegions) {
     memFree(shared);
   });
   ::unsetenv("BRAID_ALGO");
+}
+
+// Whether a process may read another of this user's with process_vm_readv
+// here (a child reads its parent: what Yama's ptrace_scope 1 refuses to
+// siblings too, and what a container's seccomp filter may refuse).
+bool processesReadEachOther() {
+  static const uint64_t word = 0x5eedf00dcafe1234ull;
+  const pid_t parent = ::getpid();
+  return askInChild([parent] {
+           uint64_t read = 0;
+           iovec local{&read, sizeof read};
+           iovec remote{const_cast<uint64_t*>(&word), sizeof word};
+           const ssize_t got = ::process_vm_readv(parent, &local, 1, &remote, 1, 0);
+           return std::string(got == sizeof read && read == word ? "yes" : "no");
+         }) == "yes";
+}
+
+// Pieces by address (BRAID_CMA_BYTES a size): peers on shared memory read
+// ordinary memory where it lies, and every result stays right: the ring
+// out of place (its input lent) and in place (only its settled output
+// lent), an all-gather, a group of ops that lend together, and
+// point-to-point; more pieces than a FIFO holds.
+TEST(SingleCopy, PeersReadOrdinaryMemoryByAddressAndEveryResultStaysRight) {
+  if (!processesReadEachOther())
+    GTEST_SKIP() << "process_vm_readv between processes is not allowed here (ptrace policy)";
+  ::setenv("BRAID_CMA_BYTES", "4K", 1);
+  ::setenv("BRAID_ALGO", "allreduce:ring", 1);
+  runRanks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    // (Over other transports, as in this suite's ucx.* and ibverbs_fake.*
+    // runs, every piece goes as usual and the results are checked alone.)
+    const bool shm = detail::peerTransports(comm)[(r + 1) % n] == "shm";
+    const std::string paths = detail::peerCopyPaths(comm)[(r + 1) % n];
+    require(shm == (paths.find("by address") != std::string::npos),
+            "the connection to the next rank moves pieces thus: " + paths);
+    require(detail::addressFrom(comm) == (shm ? 4096 : 0),
+            format("pieces go by address from %zu bytes", detail::addressFrom(comm)));
+    const size_t count = 700000;  // 2.8 MB: more pieces than a FIFO's slots
+    const float ranks = static_cast<float>(n * (n + 1) / 2);
+    for (bool inPlace : {false, true}) {
+      std::vector<float> in(count), out(inPlace ? 0 : count);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r + 1) * (i % 89));
+      float* result = inPlace ? in.data() : out.data();
+      comm.allReduce(in.data(), result, count, DataType::Float32, ReduceOp::Sum);
+      for (size_t i = 0; i < count; ++i)
+        if (result[i] != ranks * static_cast<float>(i % 89))
+          require(false, format("all-reduce%s: element %zu is %g", inPlace ? " in place" : "", i,
+                                result[i]));
+    }
+    const uint64_t afterAllReduce = detail::piecesSentByAddress(comm);
+    require(shm == (afterAllReduce > 0), format("%llu pieces of the all-reduces went by address",
+                                                static_cast<unsigned long long>(afterAllReduce)));
+
+    std::vector<int32_t> mine(count / 8), all(count / 8 * n);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int32_t>(r * 1000000 + i);
+    comm.allGather(mine.data(), all.data(), mine.size(), DataType::Int32);
+    for (int from = 0; from < n; ++from)
+      for (size_t i = 0; i < mine.size(); ++i)
+        if (all[from * mine.size() + i] != static_cast<int32_t>(from * 1000000 + i))
+          require(false, format("all-gather: element %zu from rank %d is wrong", i, from));
+
+    // A group: ops that run together, each lending its own pieces (an
+    // all-reduce out of place, one in place, an all-gather).
+    const size_t block = count / 4 / static_cast<size_t>(n);
+    std::vector<float> a(block * n), sum(block * n), b(block * n), own(block), gathered(block * n);
+    for (int round = 0; round < 4; ++round) {
+      std::fill(a.begin(), a.end(), static_cast<float>(r + 1));
+      std::fill(b.begin(), b.end(), static_cast<float>(round));
+      std::fill(own.begin(), own.end(), static_cast<float>(r * 10 + round));
+      comm.groupStart();
+      comm.allReduce(a.data(), sum.data(), a.size(), DataType::Float32, ReduceOp::Sum);
+      comm.allReduce(b.data(), b.data(), b.size(), DataType::Float32, ReduceOp::Max);
+      comm.allGather(own.data(), gathered.data(), block, DataType::Float32);
+      comm.groupEnd();
+      for (size_t i = 0; i < a.size(); ++i)
+        if (sum[i] != ranks || b[i] != static_cast<float>(round) ||
+            gathered[i] != static_cast<float>(static_cast<int>(i / block) * 10 + round))
+          require(false, format("grouped ops, round %d: element %zu is %g, %g and %g", round, i,
+                                sum[i], b[i], gathered[i]));
+    }
+
+    // Point-to-point around the ring.
+    std::vector<int32_t> sent(count), received(count, -1);
+    for (size_t i = 0; i < count; ++i) sent[i] = static_cast<int32_t>(r * 7 + i);
+    comm.groupStart();
+    comm.send(sent.data(), count, DataType::Int32, (r + 1) % n);
+    comm.recv(received.data(), count, DataType::Int32, (r + n - 1) % n);
+    comm.groupEnd();
+    const int from = (r + n - 1) % n;
+    for (size_t i = 0; i < count; ++i)
+      if (received[i] != static_cast<int32_t>(from * 7 + i))
+        require(false, format("received element %zu from rank %d is wrong", i, from));
+    require(shm == (detail::piecesSentByAddress(comm) > afterAllReduce),
+            "pieces of the all-gather or the sends went by address over another transport, or "
+            "none over shm");
+  });
+  ::unsetenv("BRAID_ALGO");
+  ::unsetenv("BRAID_CMA_BYTES");
+}
+
+// A send issued alone stays eager, as through slots, even where pieces go
+// by address or by reference: both ranks send first and receive after.
+// (Had the sends lent their pieces, each would wait for a receive that
+// comes after it on the other rank.)
+TEST(SingleCopy, ASendIssuedAloneFinishesBeforeItsReceiverReads) {
+  ::setenv("BRAID_CMA_BYTES", "4K", 1);
+  RunOptions options;
+  options.deadline = std::chrono::seconds(30);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const int peer = 1 - comm.rank();
+        const size_t count = 100000;  // 800 KB: pieces by address, within a FIFO's 2 MiB
+        auto* lent = static_cast<double*>(memAlloc(count * sizeof(double)));
+        std::vector<double> ordinary(count), in(count);
+        for (double* out : {ordinary.data(), lent}) {
+          for (size_t i = 0; i < count; ++i) out[i] = static_cast<double>(comm.rank() * 3 + i);
+          comm.send(out, count, DataType::Float64, peer);
+          comm.recv(in.data(), count, DataType::Float64, peer);
+          for (size_t i = 0; i < count; ++i)
+            if (in[i] != static_cast<double>(peer * 3 + i))
+              require(false, format("element %zu from rank %d is %g", i, peer, in[i]));
+        }
+        memFree(lent);
+      },
+      options);
+  ::unsetenv("BRAID_CMA_BYTES");
+}
+
+// BRAID_CMA_BYTES=auto: the ranks measure both ways at creation and agree
+// on one size (or on never); 0 turns it off whatever was measured.
+TEST(SingleCopy, MeasuredCrossoverIsTheSameOnEveryRankAndZeroTurnsItOff) {
+  if (!processesReadEachOther())
+    GTEST_SKIP() << "process_vm_readv between processes is not allowed here (ptrace policy)";
+  ::setenv("BRAID_TUNING", "measured", 1);
+  runRanks(3, [](Communicator& comm) {
+    const uint64_t from = detail::addressFrom(comm);
+    require(from == 0 || from == 64 * 1024 || from == 256 * 1024,
+            format("measured crossover %llu is not a size calibration times",
+                   static_cast<unsigned long long>(from)));
+    std::vector<uint64_t> every(static_cast<size_t>(comm.size()));
+    comm.allGather(&from, every.data(), 1, DataType::Uint64);
+    for (uint64_t theirs : every)
+      require(theirs == from, format("rank %d measured a crossover of %llu, another %llu",
+                                     comm.rank(), static_cast<unsigned long long>(from),
+                                     static_cast<unsigned long long>(theirs)));
+  });
+  ::setenv("BRAID_CMA_BYTES", "0", 1);
+  runRanks(2, [](Communicator& comm) {
+    require(detail::addressFrom(comm) == 0, "BRAID_CMA_BYTES=0 still sends by address");
+    require(detail::peerCopyPaths(comm)[1 - comm.rank()].find("address") == std::string::npos,
+            "BRAID_CMA_BYTES=0 still reads by address: " +
+                detail::peerCopyPaths(comm)[1 - comm.rank()]);
+    std::vector<float> data(100000, 1.0f);
+    comm.allReduce(data.data(), data.data(), data.size(), DataType::Float32, ReduceOp::Sum);
+    require(detail::piecesSentByAddress(comm) == 0, "a piece went by address");
+  });
+  ::unsetenv("BRAID_CMA_BYTES");
+  ::unsetenv("BRAID_TUNING");
 }
 
 // The latency path: once warm, a small all-reduce allocates nothing.

@@ -361,6 +361,44 @@ tuning::Probe memoryProbe(double hop, double step, double copy, double reduce) {
   return p;
 }
 
+// Pieces by address: the median rank decides, at the middle size only
+// where they also win at the large one; where they win there, the fit
+// sees the large steps by address.
+TEST(Tuning, AddressCrossoverFollowsTheMedianRankAndFeedsTheFit) {
+  auto probe = [](double middle, double middleAddress, double large, double largeAddress) {
+    tuning::Probe p = memoryProbe(1e-6, large, 40e9, 30e9);
+    p.middleBytes = 64 * 1024;
+    p.middleSeconds = middle;
+    p.middleAddressSeconds = middleAddress;
+    p.largeAddressSeconds = largeAddress;
+    return p;
+  };
+  // Faster at both sizes on two ranks of three (the third, preempted, not).
+  std::vector<tuning::Probe> probes = {probe(30e-6, 7e-6, 140e-6, 21e-6),
+                                       probe(33e-6, 6e-6, 142e-6, 20e-6),
+                                       probe(6e-6, 60e-6, 20e-6, 200e-6)};
+  EXPECT_EQ(tuning::addressCrossover(&probes), 64u * 1024);
+  EXPECT_EQ(probes[0].largeSeconds, 21e-6);
+  EXPECT_EQ(probes[2].largeSeconds, 200e-6);
+
+  // Faster at the large size only.
+  probes = {probe(6e-6, 7e-6, 40e-6, 21e-6), probe(6e-6, 7e-6, 40e-6, 21e-6)};
+  EXPECT_EQ(tuning::addressCrossover(&probes), 256u * 1024);
+
+  // Slower at the large size: never, and the fit keeps the slots' steps,
+  // whatever the middle size says.
+  probes = {probe(30e-6, 7e-6, 14e-6, 21e-6), probe(30e-6, 7e-6, 15e-6, 21e-6)};
+  EXPECT_EQ(tuning::addressCrossover(&probes), 0u);
+  EXPECT_EQ(probes[0].largeSeconds, 14e-6);
+
+  // Not measured (BRAID_CMA_BYTES is a size, or no rank could read its
+  // peers), or a NaN: never.
+  probes = {memoryProbe(1e-6, 20e-6, 40e9, 30e9), memoryProbe(1e-6, 20e-6, 40e9, 30e9)};
+  EXPECT_EQ(tuning::addressCrossover(&probes), 0u);
+  probes = {probe(30e-6, std::nan(""), 40e-6, 21e-6)};
+  EXPECT_EQ(tuning::addressCrossover(&probes), 0u);
+}
+
 // The fit: a memory link's per-byte ring-step time splits evenly between
 // the sender's and the receiver's copy; a network link keeps local copies at
 // their local speed; medians resist one slow rank; bad probes fall back.

@@ -274,6 +274,19 @@ int printPeers() {
   if (paths.empty()) paths.assign(static_cast<size_t>(n), "");
   std::vector<std::string> pathMatrix = gatherText(comm, paths, kPathWidth);
   std::vector<std::string> hosts = gatherText(comm, {braid::bootstrap::localHostId()}, kHostWidth);
+  // How host buffers' pieces travel: the connections' ways, and the size
+  // from which each rank sends by address (where some peer reads so).
+  constexpr size_t kCopyWidth = 48;  // "slots, memAlloc in place, by address"
+  std::vector<std::string> copyMatrix =
+      gatherText(comm, braid::detail::peerCopyPaths(comm), kCopyWidth);
+  const size_t from = braid::detail::addressFrom(comm);
+  std::vector<std::string> addressFrom = gatherText(
+      comm, {from == 0 ? std::string("never") : "from " + std::to_string(from / 1024) + " KiB"},
+      kCopyWidth);
+  bool anyAddress = false;
+  for (const std::string& paths : copyMatrix)
+    anyAddress |= paths.find("address") != std::string::npos;
+  if (!anyAddress) addressFrom.clear();
   if (comm.rank() != 0) return 0;
 
   std::printf("%d ranks\n", n);
@@ -303,6 +316,15 @@ int printPeers() {
       std::printf("  %*s", static_cast<int>(width), matrix[static_cast<size_t>(r) * n + c].c_str());
     std::printf("\n");
   }
+  std::printf("host buffers' pieces from rank (row) to rank (column) can travel%s:\n",
+              addressFrom.empty() ? "" : " (by address: from the size each rank says)");
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < n; ++c)
+      if (r != c)
+        std::printf("  %*d -> %-*d  %s\n", label, r, label, c,
+                    copyMatrix[static_cast<size_t>(r) * n + c].c_str());
+  for (int r = 0; r < n && !addressFrom.empty(); ++r)
+    std::printf("  rank %*d sends pieces by address %s\n", label, r, addressFrom[r].c_str());
   if (pathMatrix[0].empty()) return 0;
   std::printf("device buffers from rank (row) to rank (column):\n");
   for (int r = 0; r < n; ++r)

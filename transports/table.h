@@ -110,6 +110,10 @@ struct TransportEntry {
   void (*unmapWindow)(device::Device& device, const std::vector<PeerWindow>& windows,
                       size_t bytes) = nullptr;
 
+  // Its connections can carry messages by address
+  // (Connection::carriesAddresses), where the peer may read this process.
+  bool byAddress = false;
+
   // The tuner's alpha-beta model of its links (algorithms/simulate.h) for
   // host buffers and for device buffers, until a communicator measures
   // its own (tuning/calibration.h).

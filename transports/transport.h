@@ -40,6 +40,14 @@ struct Message {
   const std::byte* data = nullptr;
   uint32_t bytes = 0;
   uint32_t tag = 0;
+  // `data` is an address in the peer's process (Connection::postAddress):
+  // only Connection::readRemote() reads it.
+  bool remote = false;
+  // The bytes lie in the peer's memory (by reference or by address): they
+  // are what the peer sent only while its op still runs, so a receiver
+  // that finds the connection closed once it has read them may not use
+  // them.
+  bool borrowed = false;
 };
 
 class Connection {
@@ -82,6 +90,37 @@ class Connection {
     (void)ticket;
     return true;
   }
+
+  // Messages by address (optional): where the peer can read any memory of
+  // this rank's process (cross-memory attach), a message may be posted as
+  // the address of its bytes here. The receiver's peekRecv() returns it
+  // with `remote` set, and it copies the bytes where it wants them with
+  // readRemote(): one copy instead of two through a slot, for any memory.
+  // The sender leaves the bytes unchanged until consumed(). Whether that
+  // beats the slots depends on the host and the size: the executor posts
+  // by address from a measured size on (Executor::sendByAddressFrom).
+  virtual bool carriesAddresses() const { return false; }
+  // Publishes the slot reserved by sendSlot(bytes) as the address of the
+  // `bytes` at `data`. Returns the ticket for consumed().
+  // REQUIRES: carriesAddresses().
+  virtual uint64_t postAddress(const std::byte* data, uint32_t bytes, uint32_t tag) {
+    (void)data, (void)bytes, (void)tag;
+    return 0;
+  }
+  // Copies `bytes` from `from`, an address in the peer's process that the
+  // message peekRecv() returned names (its data, or past it within its
+  // bytes), to `to` here. Returns false when the peer's process is gone
+  // (peerClosed() then says so too); throws Error(Internal) when it named
+  // memory it does not have.
+  virtual bool readRemote(std::byte* to, const std::byte* from, size_t bytes) {
+    (void)to, (void)from, (void)bytes;
+    return false;
+  }
+
+  // How the connection can move a message's bytes, for braid-info:
+  // "slots" and whatever it can do besides ("memAlloc in place", "by
+  // address").
+  virtual std::string copyPaths() const { return "slots"; }
 
   // True when every posted message has left this rank's hands: the peer will
   // receive it without this rank doing anything more.

@@ -307,13 +307,14 @@ LinkModels linkModels(uint32_t rows) {
   // hosts if any, else the first used within a host, else the loopback's.
   const TableRow* local = nullptr;
   const TableRow* network = nullptr;
+  LinkModels models;
   for (size_t i = 0; i < table().size(); ++i) {
     if (!(rows & (1u << i))) continue;
     const TableRow& row = table()[i];
     if (row.entry.reach == Reach::SameHost && !local) local = &row;
     if (row.entry.reach == Reach::AnyHost && !network) network = &row;
+    models.byAddress |= row.entry.byAddress;
   }
-  LinkModels models;
   const TableRow& slowest = network ? *network : local ? *local : loopback();
   models.host = slowest.entry.hostLink;
   models.mixed = local && network;

@@ -66,6 +66,8 @@ struct LinkModels {
   // Pairs of ranks on one host and pairs across hosts take different
   // kinds of links (host.hostLatency and hostBandwidth are the former's).
   bool mixed = false;
+  // Some pair takes a transport that can carry messages by address.
+  bool byAddress = false;
 };
 LinkModels linkModels(uint32_t rows);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "tuning/calibration.h"
@@ -15,9 +16,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kSmallBytes = 8;
 constexpr size_t kLargeBytes = 256 * 1024;
+constexpr size_t kMiddleBytes = 64 * 1024;
 // The token makes about kTokenHops hops in all (at least 2 rounds), so that
 // creation stays quick at thousands of ranks.
 constexpr int kTokenHops = 400, kLargeRounds = 12, kLocalRounds = 5;
+// Rounds of each step timed for pieces by address, and of the middle size.
+constexpr int kAddressRounds = 6;
 // Tags no op uses: ops carry their sequence number in the low bits, and
 // calibration runs before the first op, but a distinct tag makes a stray
 // message fail loudly rather than pass as an op's.
@@ -63,7 +67,8 @@ algo::Plan ringPlan(int rank, int nranks, size_t bytes, int rounds) {
 
 algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bootstrap,
                               const transport::Wiring& wiring, std::chrono::milliseconds timeout,
-                              const std::atomic<bool>& aborted, const algo::LinkModel& fallback) {
+                              const std::atomic<bool>& aborted, const algo::LinkModel& fallback,
+                              size_t* addressFrom) {
   const int rank = bootstrap.rank(), nranks = bootstrap.size();
   const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
   std::vector<std::byte> a(kLargeBytes), b(kLargeBytes);
@@ -83,6 +88,7 @@ algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bo
       lane.tag = kTag;
       lane.info = &info;
       lane.nranks = nranks;
+      lane.inputSettled = true;  // (a, which nothing writes: its pieces may go by address)
       const Clock::time_point start = Clock::now();
       executor.run(&lane, 1, timeout, aborted);
       return seconds(Clock::now() - start);
@@ -93,6 +99,20 @@ algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bo
     time(ringPlan(rank, nranks, kLargeBytes, 10));
     mine.largeSeconds = time(ringPlan(rank, nranks, kLargeBytes, kLargeRounds)) / kLargeRounds;
     mine.largeBytes = static_cast<double>(kLargeBytes);
+    if (addressFrom) {
+      // The same steps with every piece by address, and both ways at a
+      // middle size, each after a round that warms its path.
+      auto step = [&](size_t bytes) {
+        time(ringPlan(rank, nranks, bytes, 2));
+        return time(ringPlan(rank, nranks, bytes, kAddressRounds)) / kAddressRounds;
+      };
+      executor.sendByAddressFrom(1);
+      mine.largeAddressSeconds = step(kLargeBytes);
+      mine.middleAddressSeconds = step(kMiddleBytes);
+      executor.sendByAddressFrom(0);
+      mine.middleSeconds = step(kMiddleBytes);
+      mine.middleBytes = static_cast<double>(kMiddleBytes);
+    }
     mine.memoryLink =
         wiring.entries[static_cast<size_t>(next)]->reach == transport::Reach::SameHost &&
         wiring.entries[static_cast<size_t>(prev)]->reach == transport::Reach::SameHost;
@@ -114,6 +134,17 @@ algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bo
     mine.reduceRate = sum > 0 ? kLargeBytes / sum : 0;
   }
   bootstrap.allGather(probes.data(), sizeof(tuning::Probe), Clock::now() + timeout);
+  if (addressFrom) {
+    const double largeBySlots = mine.largeSeconds;  // (the crossover may replace it)
+    *addressFrom = tuning::addressCrossover(&probes);
+    executor.sendByAddressFrom(*addressFrom);
+    BRAID_INFO(Init,
+               "calibration: pieces by address %s (here: %.0f KiB step %.3g us by address, %.3g "
+               "us through slots; %.0f KiB %.3g us, %.3g us)",
+               *addressFrom ? format("from %zu KiB", *addressFrom / 1024).c_str() : "never",
+               kMiddleBytes / 1024.0, mine.middleAddressSeconds * 1e6, mine.middleSeconds * 1e6,
+               kLargeBytes / 1024.0, mine.largeAddressSeconds * 1e6, largeBySlots * 1e6);
+  }
   const algo::LinkModel link = tuning::fitLink(probes, fallback);
   BRAID_INFO(Init,
              "calibration: hop %.3g us, %.0f KiB ring step %.3g us, copy %.3g GB/s, sum %.3g "

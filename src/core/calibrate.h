@@ -15,9 +15,14 @@ namespace braid {
 
 // Collective: every rank of the communicator calls it, after wiring, before
 // any op. About a millisecond on shared memory with a core per rank.
-// Returns `fallback` where the measurements cannot be fitted.
+// Returns `fallback` where the measurements cannot be fitted. With
+// `addressFrom`, every rank (the same on all) also times its ring steps
+// with pieces by address, and sets *addressFrom to the size from which
+// they win (tuning::addressCrossover; 0: never); the executor is left
+// sending by address from there.
 algo::LinkModel calibrateLink(exec::Executor& executor, bootstrap::Bootstrap& bootstrap,
                               const transport::Wiring& wiring, std::chrono::milliseconds timeout,
-                              const std::atomic<bool>& aborted, const algo::LinkModel& fallback);
+                              const std::atomic<bool>& aborted, const algo::LinkModel& fallback,
+                              size_t* addressFrom = nullptr);
 
 }  // namespace braid

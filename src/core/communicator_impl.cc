@@ -96,6 +96,10 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
   executor = std::make_unique<exec::Executor>(wiring, rank, knobs.slotBytes,
                                               localRanks(*bootstrap) <= usableCores(),
                                               knobs.directBytes, revoked);
+  // Pieces by address: from BRAID_CMA_BYTES, or from the size at which the
+  // measurement below saw them win (none without one).
+  const bool measureAddresses = knobs.addressBytes == kMeasuredAddressBytes;
+  executor->sendByAddressFrom(measureAddresses ? 0 : knobs.addressBytes);
   setUpDevice(lineage);
   if (knobs.tuning != Tuning::Fixed) {
     // Every rank must choose alike, so all model the same links. Without a
@@ -112,10 +116,17 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
       // (`used` is the same on every rank, so all inherit or all measure.)
       const std::optional<MeasuredLink> inherited =
           lineage ? lineage->parent.measuredLink : std::nullopt;
-      link = inherited && inherited->rows == used
-                 ? inherited->link
-                 : calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link);
-      measuredLink = MeasuredLink{used, link};
+      size_t addressFrom = 0;
+      const bool addresses = measureAddresses && models.byAddress;
+      if (inherited && inherited->rows == used) {
+        link = inherited->link;
+        addressFrom = inherited->addressFrom;
+        if (addresses) executor->sendByAddressFrom(addressFrom);
+      } else {
+        link = calibrateLink(*executor, *bootstrap, wiring, knobs.timeout, aborted, link,
+                             addresses ? &addressFrom : nullptr);
+      }
+      measuredLink = MeasuredLink{used, link, addressFrom};
     }
     plans.useModel(link);
     if (knobs.tuning == Tuning::Measured && !knobs.deterministic && nranks > 1)

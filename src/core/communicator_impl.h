@@ -114,6 +114,7 @@ struct Communicator::Impl {
   struct MeasuredLink {
     uint32_t rows = 0;
     algo::LinkModel link;
+    size_t addressFrom = 0;  // pieces by address from this size (0: none), if it measured that
   };
   // A communicator shrunk from `parent`, whose rank ranks[r] is rank r of
   // this one, takes over the parent's link model, where every pair talks
@@ -173,7 +174,8 @@ struct Communicator::Impl {
   // next send to this rank has arrived, and returns that peer; the
   // receive from it is then issued as any other. Fails as execute() does.
   int awaitSender(size_t count, DataType type);
-  // Sets each lane's memAlloc regions (what its pieces may be lent from).
+  // Sets what each lane's pieces may be lent from: whether its input is
+  // settled (no op of the group writes it), and its memAlloc regions.
   void findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const;
   // BRAID_TUNING=measured: runs each contender a few times on zeroed
   // buffers shaped like the call, agrees with the other ranks on the

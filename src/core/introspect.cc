@@ -65,6 +65,24 @@ uint64_t piecesSentByReference(const Communicator& comm) {
   return comm.impl() ? comm.impl()->executor->piecesSentByReference() : 0;
 }
 
+uint64_t piecesSentByAddress(const Communicator& comm) {
+  return comm.impl() ? comm.impl()->executor->piecesSentByAddress() : 0;
+}
+
+size_t addressFrom(const Communicator& comm) {
+  return comm.impl() && comm.impl()->executor->carriesAddresses()
+             ? comm.impl()->executor->addressFrom()
+             : 0;
+}
+
+std::vector<std::string> peerCopyPaths(const Communicator& comm) {
+  if (!comm.impl()) return {};
+  std::vector<std::string> paths;
+  for (int peer = 0; peer < comm.size(); ++peer)
+    paths.push_back(peer == comm.rank() ? "" : comm.impl()->wiring.connections[peer]->copyPaths());
+  return paths;
+}
+
 }  // namespace detail
 
 }  // namespace braid

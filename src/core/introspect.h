@@ -34,6 +34,14 @@ std::vector<uint64_t> stripePosts(const Communicator& comm, int peer);
 // How many pieces this rank has sent as references to its memAlloc memory
 // (read in place by the peer) rather than as copies.
 uint64_t piecesSentByReference(const Communicator& comm);
+// How many pieces this rank has sent as their address, which the peer read
+// from this process (Connection::postAddress), and from which size it
+// sends them so (0: none; BRAID_CMA_BYTES, or measured at creation).
+uint64_t piecesSentByAddress(const Communicator& comm);
+size_t addressFrom(const Communicator& comm);
+// For each rank of `comm`, how host buffers' pieces can travel from this
+// rank to it (Connection::copyPaths: "slots, by address"; "" for itself).
+std::vector<std::string> peerCopyPaths(const Communicator& comm);
 
 // The catalog's name (algo::algorithmName; braid-info --algorithms lists
 // them) of the algorithm of this rank's most recent operation, and of its

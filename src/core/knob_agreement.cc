@@ -13,7 +13,7 @@ namespace braid {
 void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::Deadline deadline) {
   struct Shared {
     uint64_t slotBytes, slots, sockets, chunkBytes, oneShotBytes, algo, tuning, deterministic;
-    uint64_t deviceSlotBytes, deviceSlots, deviceGraphs;
+    uint64_t deviceSlotBytes, deviceSlots, deviceGraphs, cmaMeasured;
     char transports[48];
   };
   std::vector<Shared> all(bootstrap.size());
@@ -29,6 +29,8 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
   mine.deviceSlotBytes = knobs.deviceSlotBytes;
   mine.deviceSlots = static_cast<uint64_t>(knobs.deviceSlots);
   mine.deviceGraphs = knobs.deviceGraphs ? 1 : 0;
+  // (Whether the ranks measure pieces by address at creation, together.)
+  mine.cmaMeasured = knobs.addressBytes == kMeasuredAddressBytes ? 1 : 0;
   // BRAID_ALGO by a hash of its meaning (the same list may be spelled apart).
   const std::string algo = tuning::AlgoPreference::parse(knobs.algo).describe();
   mine.algo = 0xcbf29ce484222325ull;
@@ -61,6 +63,9 @@ void checkKnobsAgree(bootstrap::Bootstrap& bootstrap, const Knobs& knobs, net::D
     if (theirs.deviceGraphs != mine.deviceGraphs)
       differ("BRAID_DEVICE_GRAPHS", std::to_string(mine.deviceGraphs),
              std::to_string(theirs.deviceGraphs));
+    if (theirs.cmaMeasured != mine.cmaMeasured)
+      differ("BRAID_CMA_BYTES", mine.cmaMeasured ? "auto" : "a size",
+             theirs.cmaMeasured ? "auto" : "a size");
     if (theirs.oneShotBytes != mine.oneShotBytes)
       differ("BRAID_ONESHOT_BYTES", std::to_string(mine.oneShotBytes),
              std::to_string(theirs.oneShotBytes));

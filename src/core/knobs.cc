@@ -136,6 +136,12 @@ const std::vector<KnobInfo>& knobTable() {
        "pieces of at least this size in braid::memAlloc memory are read in place by same-host "
        "peers instead of copied through slots; 0 turns this off",
        nullptr},
+      {"BRAID_CMA_BYTES", "bytes", "auto",
+       "pieces of at least this size travel between processes of one host in one copy: the "
+       "receiver reads them where they lie in the sender (process_vm_readv, where the ptrace "
+       "policy allows it) instead of through slots; auto: from the size at which that was "
+       "measured faster on this host; 0: never",
+       nullptr},
       {"BRAID_STREAM_BYTES", "bytes", "auto",
        "host ops whose output is at least this big write it with streaming stores, past the "
        "cache, where nothing reads it again soon; auto: half the last-level cache; 0: never",
@@ -347,6 +353,9 @@ Knobs Knobs::resolve(const Config& config) {
                        config.device));
   knobs.device = config.device;
   knobs.directBytes = parseBytes(lookup(knob("BRAID_DIRECT_BYTES")).first, "BRAID_DIRECT_BYTES");
+  const std::string cma = lookup(knob("BRAID_CMA_BYTES")).first;
+  knobs.addressBytes =
+      cma == "auto" || cma == "AUTO" ? kMeasuredAddressBytes : parseBytes(cma, "BRAID_CMA_BYTES");
   const std::string stream = lookup(knob("BRAID_STREAM_BYTES")).first;
   knobs.streamBytes = stream == "auto" || stream == "AUTO"
                           ? reduce::lastLevelCacheBytes() / 2

@@ -53,6 +53,8 @@ TransportUse parseTransportUse(const std::string& text, const char* knob);
 // The longest timeout a communicator takes (a longer one is cut to it):
 // deadlines are now + timeout on a nanosecond clock, kept far from overflow.
 constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
+// Knobs::addressBytes when BRAID_CMA_BYTES is auto.
+constexpr size_t kMeasuredAddressBytes = ~size_t{0};
 
 // Effective values after Config, then the environment, then the defaults.
 // Throws Error(InvalidArgument) naming the knob when a value does not parse.
@@ -67,6 +69,8 @@ struct Knobs {
   size_t oneShotBytes;                // all-reduces up to this size use the one-shot plan
   size_t directBytes;       // pieces from memAlloc memory at least this big go by reference
   size_t streamBytes;       // host outputs at least this big take streaming stores (0: none)
+  size_t addressBytes;      // BRAID_CMA_BYTES: pieces from which same-host peers read by address
+                            // (0: never; kMeasuredAddressBytes: as measured)
   std::string algo;         // BRAID_ALGO as given (see tuning::AlgoPreference)
   Tuning tuning;            // BRAID_TUNING
   bool deterministic;       // BRAID_DETERMINISTIC=1: the algorithm never depends on timing

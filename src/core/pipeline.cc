@@ -43,7 +43,13 @@ bool overlap(const std::byte* a, size_t aBytes, const std::byte* b, size_t bByte
 
 void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const {
   for (size_t i = 0; i < count; ++i) {
-    if (ops[i].info.count * lanes[i].elemSize < knobs.directBytes) continue;
+    // A send issued alone lends nothing: it would then finish only once
+    // its receiver read it, and that receive may come after later ops of
+    // the receiver's that wait for this rank's (a send each way, or a send
+    // before a collective that the peer issues first). Its pieces go
+    // through slots, eager as ever. In a group, sends and their receives
+    // progress together (NCCL's rule for sends that must), so they may.
+    if (ops[i].pointToPoint() && count == 1) continue;
     const Extents mine = extentsOf(ops[i], nranks);
     // An input that this op (in place) or another op of the group writes
     // is never lent.
@@ -52,7 +58,10 @@ void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, si
       const Extents other = j == i ? mine : extentsOf(ops[j], nranks);
       written = overlap(mine.in, mine.inBytes, other.out, other.outBytes);
     }
-    if (mine.inBytes && !written) lanes[i].inputRegion = memory::find(mine.in);
+    lanes[i].inputSettled = mine.inBytes && !written;
+    if (!executor->usesReferences() || ops[i].info.count * lanes[i].elemSize < knobs.directBytes)
+      continue;
+    if (lanes[i].inputSettled) lanes[i].inputRegion = memory::find(mine.in);
     if (mine.outBytes) lanes[i].outputRegion = memory::find(mine.out);
   }
 }
@@ -84,7 +93,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
                         !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
   }
-  if (executor->usesReferences()) findRegions(ops, lanes, count);
+  if (executor->usesReferences() || executor->usesAddresses()) findRegions(ops, lanes, count);
   std::optional<Error> failure;
   running.store(true, std::memory_order_relaxed);
   try {

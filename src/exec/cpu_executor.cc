@@ -61,9 +61,12 @@ Executor::Executor(transport::Wiring& wiring, int rank, size_t pieceBytes, bool 
     if (!transport->passive()) active_.push_back(transport.get());
   }
   // A passive transport's posted message is already the peer's.
-  for (size_t peer = 0; peer < wiring_.connections.size(); ++peer)
+  for (size_t peer = 0; peer < wiring_.connections.size(); ++peer) {
     if (!wiring_.transportOf[peer]->passive())
       unflushable_.push_back({wiring_.connections[peer], static_cast<int>(peer)});
+    if (static_cast<int>(peer) != rank_ && wiring_.connections[peer]->carriesAddresses())
+      carriesAddresses_ = true;
+  }
 }
 
 void Activity::describe(const OpInfo& info, size_t stepCount, size_t laneCount) {
@@ -93,25 +96,35 @@ std::string OpInfo::describe() const {
   return text + ")";
 }
 
+bool Executor::lendable(const Lane& lane, const algo::Step& step, bool inputSettled) const {
+  // The input only where no op of the group writes it; the output only
+  // where the plan says the data is settled, and only from steps that
+  // stream several pieces. A peer that read this rank's output keeps its
+  // cache lines, so the next op's writes there must first take them back;
+  // with one piece per step nothing hides that (measured with braid-perf
+  // -R 1: in-place all-reduce of 256 KiB at 2 ranks ran 3x slower lending
+  // its output, while ops of 1 MiB and up gained).
+  const algo::Buffer buffer = step.kind == StepKind::Send ? step.src : step.dst;
+  if (buffer == algo::Buffer::Input) return inputSettled;
+  return buffer == algo::Buffer::Output && step.settled && step.count * lane.elemSize > pieceBytes_;
+}
+
 const memory::Region* Executor::lentFrom(const Lane& lane, const algo::Step& step,
                                          const std::byte* data, size_t bytes,
                                          const transport::Connection& out) const {
   if (referenceBytes_ == 0 || bytes < referenceBytes_ || !out.carriesReferences()) return nullptr;
-  // The input is never written (the communicator sets inputRegion only when
-  // it does not overlap the output); the output only where the plan says
-  // the data is settled, and only from steps that stream several pieces.
-  // A peer that read this rank's output keeps its cache lines, so the next
-  // op's writes there must first take them back; with one piece per step
-  // nothing hides that (measured with braid-perf -R 1: in-place all-reduce
-  // of 256 KiB at 2 ranks ran 3x slower lending its output, while ops of
-  // 1 MiB and up gained).
+  // (The communicator sets inputRegion only where the input is settled.)
+  if (!lendable(lane, step, true)) return nullptr;
   const algo::Buffer buffer = step.kind == StepKind::Send ? step.src : step.dst;
-  const bool streams = step.count * lane.elemSize > pieceBytes_;
-  const memory::Region* region = buffer == algo::Buffer::Input ? &lane.inputRegion
-                                 : buffer == algo::Buffer::Output && step.settled && streams
-                                     ? &lane.outputRegion
-                                     : nullptr;
-  return region && *region && region->contains(data, bytes) ? region : nullptr;
+  const memory::Region* region =
+      buffer == algo::Buffer::Input ? &lane.inputRegion : &lane.outputRegion;
+  return *region && region->contains(data, bytes) ? region : nullptr;
+}
+
+bool Executor::lentByAddress(const Lane& lane, const algo::Step& step, const std::byte* data,
+                             size_t bytes, const transport::Connection& out) const {
+  return addressFrom_ != 0 && bytes >= addressFrom_ && data && out.carriesAddresses() &&
+         lendable(lane, step, lane.inputSettled);
 }
 
 bool Executor::allReturned() {
@@ -127,7 +140,6 @@ bool Executor::allReturned() {
 }
 
 void Executor::noteLent(const transport::Connection* connection, uint64_t ticket, int peer) {
-  ++piecesSentByReference_;
   for (Lent& lent : lent_)
     if (lent.connection == connection) {
       lent.ticket = ticket;  // a connection's messages are released in order
@@ -197,12 +209,30 @@ bool Executor::advance(Lane& lane) {
         break;
       }
     }
-    // What this piece sends, when it can go by reference.
+    // What this piece sends, when it can go by reference or by address.
     const memory::Region* region = nullptr;
     const std::byte* sent = nullptr;
+    bool byAddress = false;
     if (out) {
       sent = step.kind == StepKind::Send ? mine : result;
       region = lentFrom(lane, step, sent, piece, *out);
+      byAddress = !region && lentByAddress(lane, step, sent, piece, *out);
+    }
+    const bool lent = region || byAddress;
+    // The peer's bytes, here. One that came by address is read where this
+    // piece keeps it (received: into the result; to combine: staged).
+    const std::byte* theirs = message ? message->data : nullptr;
+    const bool readInto = message && message->remote &&
+                          (step.kind == StepKind::Recv || step.kind == StepKind::RecvCopySend);
+    if (message && message->remote) {
+      std::byte* to = result;
+      if (!readInto) {
+        if (staging_.size() < piece) staging_.resize(pieceBytes_);
+        to = staging_.data();
+      }
+      if (!in->readRemote(to, message->data, piece))
+        failClosed(*lane.info, step.recvPeer, "reads the data it lent");
+      theirs = to;
     }
     const size_t elems = piece / lane.elemSize;
     // A reduction streams its result only where it writes apart from its
@@ -211,40 +241,41 @@ bool Executor::advance(Lane& lane) {
         lane.streamOutput && result != mine && !(step.finalize && lane.op == ReduceOp::Avg);
     switch (step.kind) {
       case StepKind::Send:
-        if (!region) std::memcpy(slotMemory, mine, piece);
+        if (!lent) std::memcpy(slotMemory, mine, piece);
         break;
       case StepKind::Recv:
+        if (readInto) break;  // already in the result
         if (lane.streamOutput)
-          reduce::copyStreaming(result, message->data, piece);
+          reduce::copyStreaming(result, theirs, piece);
         else
-          std::memcpy(result, message->data, piece);
+          std::memcpy(result, theirs, piece);
         break;
       case StepKind::RecvReduceSend:
-        lane.kernel(slotMemory, message->data, mine, elems);
+        lane.kernel(slotMemory, theirs, mine, elems);
         break;
       case StepKind::RecvReduceCopy:
         if (streamResult)
-          reduce::reduceStreaming(lane.kernel, result, message->data, mine, elems, lane.elemSize);
+          reduce::reduceStreaming(lane.kernel, result, theirs, mine, elems, lane.elemSize);
         else
-          lane.kernel(result, message->data, mine, elems);
+          lane.kernel(result, theirs, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
         break;
       case StepKind::RecvReduceCopySend:
-        if (streamResult && !region) {  // into the slot, then on to the output past the cache
-          lane.kernel(slotMemory, message->data, mine, elems);
+        if (streamResult && !lent) {  // into the slot, then on to the output past the cache
+          lane.kernel(slotMemory, theirs, mine, elems);
           reduce::copyStreaming(result, slotMemory, piece);
           break;
         }
-        lane.kernel(result, message->data, mine, elems);
+        lane.kernel(result, theirs, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
-        if (!region) std::memcpy(slotMemory, result, piece);
+        if (!lent) std::memcpy(slotMemory, result, piece);
         break;
       case StepKind::RecvCopySend:
-        if (lane.streamOutput)
-          reduce::copyStreaming(result, message->data, piece);
-        else
-          std::memcpy(result, message->data, piece);
-        if (!region) std::memcpy(slotMemory, message->data, piece);
+        if (!readInto && lane.streamOutput)
+          reduce::copyStreaming(result, theirs, piece);
+        else if (!readInto)
+          std::memcpy(result, theirs, piece);
+        if (!lent) std::memcpy(slotMemory, theirs, piece);  // (read into the result: from there)
         break;
       case StepKind::Copy:
       case StepKind::Reduce:
@@ -258,9 +289,17 @@ bool Executor::advance(Lane& lane) {
       const uint64_t ticket = out->postReference(*region, static_cast<size_t>(sent - region->base),
                                                  static_cast<uint32_t>(piece), lane.tag);
       noteLent(out, ticket, step.sendPeer);
+      ++piecesSentByReference_;
+    } else if (byAddress) {
+      noteLent(out, out->postAddress(sent, static_cast<uint32_t>(piece), lane.tag), step.sendPeer);
+      ++piecesSentByAddress_;
     } else if (out) {
       out->postSend(static_cast<uint32_t>(piece), lane.tag);
     }
+    // Borrowed bytes were the peer's only while its op ran: if it has given
+    // up since (its buffers may be reused), what was read may be anything.
+    if (message && message->borrowed && in->peerClosed())
+      failClosed(*lane.info, step.recvPeer, "read the data it lent");
     if (in) in->releaseRecv();
     lane.done += piece;
     moved = true;
@@ -289,8 +328,10 @@ void Executor::failIfAbandoned(const OpInfo& info) {
   for (const Unflushable& each : unflushable_)
     if (!each.connection->flushed() && gaveUp(*each.connection))
       failClosed(info, each.peer, "still had messages for it");
+  // A peer that closed its connection in any way will not read on: it
+  // would have had to take the lent message before it finished its part.
   for (const Lent& lent : lent_)
-    if (!lent.connection->consumed(lent.ticket) && gaveUp(*lent.connection))
+    if (!lent.connection->consumed(lent.ticket) && lent.connection->peerClosed())
       failClosed(info, lent.peer, "still lent it memory to read");
 }
 

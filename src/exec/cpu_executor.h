@@ -59,6 +59,9 @@ struct Lane {
   // from there may go by reference (Executor's referenceBytes). The input's
   // only when it does not overlap the output (the op never writes it).
   memory::Region inputRegion, outputRegion;
+  // No op of the group writes the input: pieces of it may be lent to a
+  // peer that reads them by address (Connection::postAddress).
+  bool inputSettled = false;
   // The output is larger than the cache: what the op will not read again
   // goes there with streaming stores (reduce/streaming.h).
   bool streamOutput = false;
@@ -115,7 +118,18 @@ class Executor {
 
   // Whether any lane's regions could be used: worth looking them up.
   bool usesReferences() const { return referenceBytes_ != 0; }
+  // Pieces of at least `bytes` (0: none) go by address where the peer
+  // reads them so (Connection::carriesAddresses): the communicator sets it
+  // from BRAID_CMA_BYTES or from what it measured at creation.
+  void sendByAddressFrom(size_t bytes) { addressFrom_ = bytes; }
+  size_t addressFrom() const { return addressFrom_; }
+  // Whether some peer reads this rank's pieces by address.
+  bool carriesAddresses() const { return carriesAddresses_; }
+  // Whether pieces may go by address: worth telling lanes' settled inputs
+  // apart.
+  bool usesAddresses() const { return addressFrom_ != 0 && carriesAddresses_; }
   uint64_t piecesSentByReference() const { return piecesSentByReference_; }
+  uint64_t piecesSentByAddress() const { return piecesSentByAddress_; }
   // After run() threw: the rank to blame (the peer that failed, or the one a
   // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
   int blamedRank() const { return blamed_; }
@@ -156,6 +170,14 @@ class Executor {
   // the peer in place, or null when it must be copied.
   const memory::Region* lentFrom(const Lane& lane, const algo::Step& step, const std::byte* data,
                                  size_t bytes, const transport::Connection& out) const;
+  // Whether the piece `data` that `step` sends may be lent to the peer by
+  // its address.
+  bool lentByAddress(const Lane& lane, const algo::Step& step, const std::byte* data, size_t bytes,
+                     const transport::Connection& out) const;
+  // Whether `step` may lend its piece at all: it lies in the op's input,
+  // which the group never writes, or in output the plan has settled, from a
+  // step that streams several pieces.
+  bool lendable(const Lane& lane, const algo::Step& step, bool inputSettled) const;
   // Forgets the connections whose receivers released every lent piece;
   // true when none is left.
   bool allReturned();
@@ -167,8 +189,9 @@ class Executor {
   // communicator was revoked, whichever peers the op waits for.
   void failIfRevoked(const OpInfo& info);
   // Fails the op `info`, every step of which is done, when a peer that has
-  // yet to take its last messages, or to finish reading memory this rank
-  // lent it, gave up on the communicator: it never will.
+  // yet to take its last messages gave up on the communicator, or one yet
+  // to finish reading memory this rank lent it closed or died: it never
+  // will.
   void failIfAbandoned(const OpInfo& info);
   // What this rank waits for in an op that cannot move: the first lane with
   // steps left and its peer, or (lane null) the peer still reading memory
@@ -217,6 +240,11 @@ class Executor {
   };
   std::vector<Lent> lent_;
   uint64_t piecesSentByReference_ = 0;
+  uint64_t piecesSentByAddress_ = 0;
+  size_t addressFrom_ = 0;
+  bool carriesAddresses_ = false;
+  // A piece read by address that a reduction combines, before it does.
+  std::vector<std::byte> staging_;
   Activity activity_;
   int blamed_ = -1;
   transport::GiveUpReason blamedReason_ = transport::GiveUpReason::Failed;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 
 namespace braid::tuning {
 namespace {
@@ -49,6 +50,24 @@ algo::LinkModel fitLink(const std::vector<Probe>& probes, const algo::LinkModel&
     link.bandwidth = 1 / std::max(exchange - 1 / localCopy, exchange / 2);
   }
   return link;
+}
+
+size_t addressCrossover(std::vector<Probe>* probes) {
+  std::vector<double> large, largeAddress, middle, middleAddress;
+  double middleBytes = 0, largeBytes = 0;
+  for (const Probe& p : *probes) {
+    if (!usable(p.largeAddressSeconds) || !usable(p.middleAddressSeconds)) continue;
+    large.push_back(p.largeSeconds);
+    largeAddress.push_back(p.largeAddressSeconds);
+    middle.push_back(p.middleSeconds);
+    middleAddress.push_back(p.middleAddressSeconds);
+    middleBytes = p.middleBytes;
+    largeBytes = p.largeBytes;
+  }
+  if (large.empty() || median(largeAddress) >= median(large)) return 0;
+  for (Probe& p : *probes)
+    if (usable(p.largeAddressSeconds)) p.largeSeconds = p.largeAddressSeconds;
+  return static_cast<size_t>(median(middleAddress) < median(middle) ? middleBytes : largeBytes);
 }
 
 }  // namespace braid::tuning

@@ -27,7 +27,22 @@ struct Probe {
   double reduceRate = 0;    // bytes per second of a local float32 sum
   uint32_t memoryLink = 0;  // 1: both ring neighbours are reached through shared memory
   uint32_t reserved = 0;
+  // The ring steps once more with every piece by address
+  // (Connection::postAddress), and at a middle size both ways; 0: not
+  // measured.
+  double largeAddressSeconds = 0;
+  double middleBytes = 0;
+  double middleSeconds = 0;
+  double middleAddressSeconds = 0;
 };
+
+// From every rank's probe (the same vector on every rank gives the same
+// answer): the size from which pieces go by address, 0 for never. That is
+// the middle size where the median rank's step by address beat its step
+// through slots there and at the large size, the large size where it did
+// there only. Where addresses win at the large size, *probes' large steps
+// become the ones by address, for fitLink.
+size_t addressCrossover(std::vector<Probe>* probes);
 
 // The link model every rank uses, from every rank's probe (the same vector
 // on every rank gives the same model). Each quantity is the median over the

@@ -8,12 +8,14 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -74,10 +76,12 @@ constexpr size_t extraLines(size_t bytes) {
 // A message by reference (Connection::postReference) has this bit set in
 // its `bytes` and this in its first line's data: where the bytes lie in the
 // sender's memory and how the receiver maps that memory (pidfd_getfd of the
-// sender's memfd).
+// sender's memfd). A message by address (Connection::postAddress) is one
+// whose region is 0, and `offset` is then the address of its bytes in the
+// sender's process.
 constexpr uint32_t kReferenceBit = 1u << 31;
 struct Reference {
-  uint64_t region;  // memory::Region::id, unique in the sender's process
+  uint64_t region;  // memory::Region::id, unique in the sender's process; 0: by address
   uint64_t regionBytes;
   uint64_t offset;
   uint64_t freed;  // memory::freeCount() in the sender when it posted this
@@ -86,9 +90,12 @@ struct Reference {
 static_assert(sizeof(Reference) <= kFirstLineData, "a reference fits in the first line");
 
 // How far the receiver has read; only grows. The sender reads it only when
-// its own view says the FIFO is full.
+// its own view says the FIFO is full. `readsByAddress`: 1 when the
+// receiver reads messages by address (Connection::carriesAddresses),
+// written before the ranks' last exchange at set-up and read after it.
 struct FifoControl {
   alignas(kLine) std::atomic<uint64_t> head;
+  uint64_t readsByAddress;
 };
 
 struct SegmentHeader {
@@ -98,6 +105,7 @@ struct SegmentHeader {
   uint64_t slotBytes;
   int32_t pid;                      // the owner, for liveness checks
   int32_t probeFd;                  // an fd the owner holds open while peers connect (see create)
+  uint64_t self;                    // where the owner maps this segment (see readsByAddress)
   std::atomic<uint32_t> closed;     // set when the owner destroyed its transport or gave up
   std::atomic<int32_t> failedRank;  // whom the owner blamed when it gave up (-1: nobody)
   std::atomic<uint32_t> reason;     // why: a GiveUpReason
@@ -167,6 +175,40 @@ void ring(SegmentHeader* owner) {
   if (owner->sleeping.load(std::memory_order_seq_cst) == 0) return;
   owner->doorbell.fetch_add(1, std::memory_order_seq_cst);
   futex(&owner->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+// Whether this process may read the memory of the owner of `theirs` by
+// address: process_vm_readv of the segment's magic where its owner maps
+// it. The kernel allows it with ptrace rights over the owner, as it does
+// pidfd_getfd, but a seccomp filter (a container's) may refuse one and not
+// the other. When it may not, says why once per process.
+bool readsByAddress(const SegmentHeader* theirs, int peer) {
+  uint64_t magic = 0;
+  iovec local{&magic, sizeof magic};
+  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(theirs->self)), sizeof magic};
+  if (::process_vm_readv(theirs->pid, &local, 1, &remote, 1, 0) ==
+          static_cast<ssize_t>(sizeof magic) &&
+      magic == kMagic)
+    return true;
+  const int error = errno;
+  static std::atomic<bool> told{false};
+  if (!told.exchange(true)) {
+    std::string policy;
+    if (FILE* file = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+      int scope = -1;
+      if (std::fscanf(file, "%d", &scope) == 1 && scope > 0)
+        policy = format(
+            " (kernel.yama.ptrace_scope is %d: only 0 lets a process read another "
+            "of its user's)",
+            scope);
+      std::fclose(file);
+    }
+    BRAID_INFO(Init,
+               "shm: no single copy by address: this process cannot read rank %d's memory "
+               "(process_vm_readv: %s)%s; pieces go through slots",
+               peer, std::strerror(error), policy.c_str());
+  }
+  return false;
 }
 
 class Segment {
@@ -267,11 +309,18 @@ class ShmConnection final : public Connection {
     if (raw & kReferenceBit) {
       Reference reference;
       std::memcpy(&reference, header.first.data, sizeof reference);
+      if (reference.region == 0) {
+        if (!readsByAddress_)
+          throw Error(ErrorCode::Internal,
+                      format("shm: rank %d sent an address this rank cannot read", peer_));
+        current_ = {reinterpret_cast<const std::byte*>(reference.offset), bytes, tag, true, true};
+        return &current_;
+      }
       if (reference.offset > reference.regionBytes ||
           bytes > reference.regionBytes - reference.offset)
         throw Error(ErrorCode::Internal,
                     format("shm: rank %d referred to bytes outside its memory region", peer_));
-      current_ = {map(reference) + reference.offset, bytes, tag};
+      current_ = {map(reference) + reference.offset, bytes, tag, false, true};
       return &current_;
     }
     if (bytes > kInline) {
@@ -318,6 +367,55 @@ class ShmConnection final : public Connection {
 
   bool consumed(uint64_t ticket) const override {
     return out_.control->head.load(std::memory_order_acquire) >= ticket;
+  }
+
+  bool carriesAddresses() const override { return peerReadsByAddress_; }
+
+  uint64_t postAddress(const std::byte* data, uint32_t bytes, uint32_t tag) override {
+    SlotHeader& header = out_.slots[sendTail_ % slots_];
+    const Reference reference{0, 0, reinterpret_cast<uintptr_t>(data), 0, -1};
+    std::memcpy(header.first.data, &reference, sizeof reference);
+    const uint64_t seq = ++sendTail_;
+    header.first.bytes = bytes | kReferenceBit;
+    header.first.tag = tag;
+    header.first.seq.store(seq, std::memory_order_seq_cst);
+    ring(peerHeader_);
+    return seq;
+  }
+
+  bool readRemote(std::byte* to, const std::byte* from, size_t bytes) override {
+    while (bytes > 0) {
+      iovec local{to, bytes};
+      iovec remote{const_cast<std::byte*>(from), bytes};
+      const ssize_t got = ::process_vm_readv(peerHeader_->pid, &local, 1, &remote, 1, 0);
+      if (got <= 0) {
+        const int error = got < 0 ? errno : EFAULT;
+        if (error == ESRCH) {  // (its pid may be a zombie's, or nobody's)
+          dead_ = true;
+          return false;
+        }
+        throw Error(error == EFAULT ? ErrorCode::Internal : ErrorCode::SystemError,
+                    format("shm: cannot read %zu bytes of rank %d's memory by address: %s", bytes,
+                           peer_, std::strerror(error)));
+      }
+      to += got, from += got, bytes -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+
+  std::string copyPaths() const override {
+    std::string paths = "slots";
+    if (peerMapsOurs_) paths += ", memAlloc in place";
+    if (peerReadsByAddress_) paths += ", by address";
+    return paths;
+  }
+
+  // Whether this rank reads the peer's messages by address (it told the
+  // peer so through the FIFO's control), and whether the peer reads this
+  // rank's.
+  void allowAddresses(bool readsByAddress, bool peerReadsByAddress) {
+    readsByAddress_ = readsByAddress;
+    peerReadsByAddress_ = peerReadsByAddress;
   }
 
   // This rank's handle on the peer's process (-1: none), and whether
@@ -380,6 +478,7 @@ class ShmConnection final : public Connection {
   void handOverReferences(ShmConnection& successor) const {
     successor.allowReferences(peerPidfd_ >= 0 ? ::fcntl(peerPidfd_, F_DUPFD_CLOEXEC, 0) : -1,
                               peerMapsOurs_, mapsPeers_);
+    successor.allowAddresses(readsByAddress_, peerReadsByAddress_);
   }
   bool handedOver() const { return handedOver_; }
   // Gives the memory of the incoming FIFO's data area back to the system.
@@ -463,6 +562,9 @@ class ShmConnection final : public Connection {
   static constexpr size_t kMaxMappings = 64;
   bool peerMapsOurs_ = false;
   bool mapsPeers_ = false;
+  // Addresses.
+  bool readsByAddress_ = false;      // the peer may send this rank addresses
+  bool peerReadsByAddress_ = false;  // this rank may send the peer addresses
   int peerPidfd_ = -1;
   uint64_t peerFreed_ = 0;         // the peer's memory::freeCount() when mappings_ were made
   std::vector<Mapping> mappings_;  // the peer's regions, oldest first
@@ -604,6 +706,7 @@ std::string createOwn(const std::string& name, const Layout& layout, size_t fifo
   header->slotBytes = slotBytes;
   header->pid = static_cast<int32_t>(::getpid());
   header->probeFd = fd;
+  header->self = reinterpret_cast<uintptr_t>(base);
   header->cpu.store(-1, std::memory_order_relaxed);
   header->failedRank.store(-1, std::memory_order_relaxed);
   header->waitingFor.store(-1, std::memory_order_relaxed);
@@ -757,6 +860,13 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
     ::close(fd);
     mayMap[static_cast<size_t>(rank) * n + peers[i]] = 1;
   }
+  // Messages by address: this rank tells each peer whose memory it can
+  // read so, in the control of that peer's FIFO to it; the exchange below
+  // publishes it. (After a shrink that takes over the parent's FIFOs, the
+  // parent knows it already.)
+  for (size_t i = 0; i < peers.size() && !takeOver && setup.knobs.addressBytes != 0; ++i)
+    if (readsByAddress(transport->peers_[i]->header(), peers[i]))
+      transport->own_->fifo(fifoIndex(peers[i], rank)).control->readsByAddress = 1;
   if (!takeOver) bootstrap.allGather(mayMap.data(), static_cast<size_t>(n), deadline);
   transport->closeProbe();
 
@@ -776,11 +886,13 @@ std::unique_ptr<Transport> create(const Setup& setup, const std::vector<int>& pe
     auto connection = std::make_unique<ShmConnection>(peer, out, theirs->header(), in, slotBytes,
                                                       static_cast<size_t>(slots),
                                                       std::move(outSegment), std::move(inSegment));
-    if (before)
+    if (before) {
       before->handOverReferences(*connection);
-    else
+    } else {
       connection->allowReferences(pidfds[i], mayMap[static_cast<size_t>(peer) * n + rank] != 0,
                                   mayMap[static_cast<size_t>(rank) * n + peer] != 0);
+      connection->allowAddresses(in.control->readsByAddress != 0, out.control->readsByAddress != 0);
+    }
     transport->byRank_[peer] = connection.get();
     transport->connections_.push_back(std::move(connection));
   }
@@ -796,6 +908,7 @@ TransportEntry entry() {
   TransportEntry entry("shm", Reach::SameHost,
                        "a FIFO per peer in POSIX shared memory, ranks on one host");
   entry.create = create;
+  entry.byAddress = true;
   entry.hostLink = tuning::hostLinkModel(0.15e-6, 12e9);  // the sender's copy into the FIFO
   return entry;
 }
