@@ -354,15 +354,7 @@ class ShmConnection final : public Connection {
 
   uint64_t postReference(const memory::Region& region, size_t offset, uint32_t bytes,
                          uint32_t tag) override {
-    SlotHeader& header = out_.slots[sendTail_ % slots_];
-    const Reference reference{region.id, region.bytes, offset, memory::freeCount(), region.fd};
-    std::memcpy(header.first.data, &reference, sizeof reference);
-    const uint64_t seq = ++sendTail_;
-    header.first.bytes = bytes | kReferenceBit;
-    header.first.tag = tag;
-    header.first.seq.store(seq, std::memory_order_seq_cst);
-    ring(peerHeader_);
-    return seq;
+    return post({region.id, region.bytes, offset, memory::freeCount(), region.fd}, bytes, tag);
   }
 
   bool consumed(uint64_t ticket) const override {
@@ -372,15 +364,7 @@ class ShmConnection final : public Connection {
   bool carriesAddresses() const override { return peerReadsByAddress_; }
 
   uint64_t postAddress(const std::byte* data, uint32_t bytes, uint32_t tag) override {
-    SlotHeader& header = out_.slots[sendTail_ % slots_];
-    const Reference reference{0, 0, reinterpret_cast<uintptr_t>(data), 0, -1};
-    std::memcpy(header.first.data, &reference, sizeof reference);
-    const uint64_t seq = ++sendTail_;
-    header.first.bytes = bytes | kReferenceBit;
-    header.first.tag = tag;
-    header.first.seq.store(seq, std::memory_order_seq_cst);
-    ring(peerHeader_);
-    return seq;
+    return post({0, 0, reinterpret_cast<uintptr_t>(data), 0, -1}, bytes, tag);
   }
 
   bool readRemote(std::byte* to, const std::byte* from, size_t bytes) override {
@@ -528,6 +512,19 @@ class ShmConnection final : public Connection {
     for (const Mapping& mapping : mappings_)
       ::munmap(const_cast<std::byte*>(mapping.base), mapping.bytes);
     mappings_.clear();
+  }
+
+  // Publishes the reserved slot as `reference` to `bytes` of the sender's
+  // memory; returns its sequence number, the ticket for consumed().
+  uint64_t post(const Reference& reference, uint32_t bytes, uint32_t tag) {
+    SlotHeader& header = out_.slots[sendTail_ % slots_];
+    std::memcpy(header.first.data, &reference, sizeof reference);
+    const uint64_t seq = ++sendTail_;
+    header.first.bytes = bytes | kReferenceBit;
+    header.first.tag = tag;
+    header.first.seq.store(seq, std::memory_order_seq_cst);
+    ring(peerHeader_);
+    return seq;
   }
 
   // Whether the first `lines` lines after the first carry message `want`.
