@@ -42,7 +42,13 @@ bool overlap(const std::byte* a, size_t aBytes, const std::byte* b, size_t bByte
 }  // namespace
 
 void Communicator::Impl::findRegions(const PendingOp* ops, exec::Lane* lanes, size_t count) const {
+  // An op smaller than the smallest piece that may be lent lends nothing:
+  // the latency path skips the look-ups.
+  size_t lendsFrom = ~size_t{0};
+  if (executor->usesReferences()) lendsFrom = knobs.directBytes;
+  if (executor->usesAddresses()) lendsFrom = std::min(lendsFrom, executor->addressFrom());
   for (size_t i = 0; i < count; ++i) {
+    if (ops[i].info.count * lanes[i].elemSize < lendsFrom) continue;
     // A send issued alone lends nothing: it would then finish only once
     // its receiver read it, and that receive may come after later ops of
     // the receiver's that wait for this rank's (a send each way, or a send
