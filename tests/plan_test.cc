@@ -16,6 +16,7 @@
 
 #include "algorithms/catalog.h"
 #include "algorithms/simulate.h"
+#include "tuning/address_choice.h"
 #include "tuning/algo_choice.h"
 #include "tuning/calibration.h"
 
@@ -397,6 +398,64 @@ TEST(Tuning, AddressCrossoverFollowsTheMedianRankAndFeedsTheFit) {
   EXPECT_EQ(tuning::addressCrossover(&probes), 0u);
   probes = {probe(30e-6, std::nan(""), 40e-6, 21e-6)};
   EXPECT_EQ(tuning::addressCrossover(&probes), 0u);
+}
+
+// The copy path, op by op: a class starts from calibration's guess, tries
+// the other path in its third op and then every kTrialPeriod-th, follows
+// whichever is faster by a margin, and turns back when the one it took
+// slows down (a virtual machine's vCPUs moved). Kinds and sizes to a power
+// of two are classes of their own, and small ops never go by address.
+TEST(Tuning, AddressChoiceTriesTheOtherPathAndFollowsTheFasterOne) {
+  using tuning::AddressChoice;
+  constexpr size_t kMiB = 1024 * 1024;
+  constexpr unsigned kAllReduce = 0, kInPlace = 1;
+  AddressChoice choice(256 * 1024);  // calibration: by address from 256 KiB
+  EXPECT_TRUE(choice.chosen(kAllReduce, kMiB));
+  EXPECT_FALSE(choice.chosen(kAllReduce, 64 * 1024));
+  EXPECT_FALSE(choice.next(kAllReduce, 64 * 1024));
+  EXPECT_EQ(choice.pieceFrom(), 256u * 1024);
+  EXPECT_EQ(AddressChoice(0).pieceFrom(), AddressChoice::kSmallestPiece);
+
+  // Slots take 60 us per MiB, addresses 120: the trial (the third op)
+  // shows it, and the class turns to slots.
+  auto run = [&](unsigned kind, size_t bytes, double addressSeconds, double slotSeconds) {
+    const bool byAddress = choice.next(kind, bytes);
+    choice.record(kind, bytes, byAddress, byAddress ? addressSeconds : slotSeconds);
+    return byAddress;
+  };
+  EXPECT_TRUE(run(kAllReduce, kMiB, 900e-6, 900e-6));  // the first op: cold, not timed
+  EXPECT_EQ(choice.secondsPerByte(kAllReduce, kMiB, true), 0);
+  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 60e-6));
+  EXPECT_FALSE(run(kAllReduce, kMiB, 120e-6, 60e-6));  // the trial
+  EXPECT_FALSE(choice.chosen(kAllReduce, kMiB));
+  // The same size in place, and the next size up, have not moved.
+  EXPECT_TRUE(choice.chosen(kInPlace, kMiB));
+  EXPECT_TRUE(choice.chosen(kAllReduce, 2 * kMiB));
+
+  // Slots stay while they are faster; the next trial is kTrialPeriod ops on.
+  int byAddress = 0;
+  for (uint64_t i = 1; i < AddressChoice::kTrialPeriod; ++i)
+    byAddress += run(kAllReduce, kMiB, 120e-6, 60e-6);
+  EXPECT_EQ(byAddress, 0);
+  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 60e-6));
+  EXPECT_FALSE(choice.chosen(kAllReduce, kMiB));
+
+  // Slots slow down to 480 us (the cores no longer share a cache): the
+  // first such op brings their average above the last time by address,
+  // and the class turns back at once, without waiting for a trial.
+  EXPECT_FALSE(run(kAllReduce, kMiB, 120e-6, 480e-6));
+  EXPECT_TRUE(choice.chosen(kAllReduce, kMiB));
+  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 480e-6));
+
+  // Within the margin (addresses 5% faster than slots) the class stays.
+  AddressChoice close(0);
+  for (int i = 0; i < 3 + static_cast<int>(AddressChoice::kTrialPeriod); ++i) {
+    const bool byAddress = close.next(kAllReduce, kMiB);
+    close.record(kAllReduce, kMiB, byAddress, byAddress ? 95e-6 : 100e-6);
+  }
+  EXPECT_FALSE(close.chosen(kAllReduce, kMiB));
+  // An op that failed or took no time tells nothing.
+  EXPECT_FALSE(close.record(kAllReduce, kMiB, true, 0));
 }
 
 // The fit: a memory link's per-byte ring-step time splits evenly between

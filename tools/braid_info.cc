@@ -280,9 +280,13 @@ int printPeers() {
   std::vector<std::string> copyMatrix =
       gatherText(comm, braid::detail::peerCopyPaths(comm), kCopyWidth);
   const size_t from = braid::detail::addressFrom(comm);
-  std::vector<std::string> addressFrom = gatherText(
-      comm, {from == 0 ? std::string("never") : "from " + std::to_string(from / 1024) + " KiB"},
-      kCopyWidth);
+  std::string sizes =
+      from == 0 ? std::string("never") : "from " + std::to_string(from / 1024) + " KiB";
+  // (Measured: the first guess; ops of 128 KiB and more choose again as
+  // they run, tuning/address_choice.h.)
+  if (braid::detail::addressChoiceAdapts(comm))
+    sizes += " at first; ops of 128 KiB and up time both ways as they run";
+  std::vector<std::string> addressFrom = gatherText(comm, {sizes}, kCopyWidth + 32);
   bool anyAddress = false;
   for (const std::string& paths : copyMatrix)
     anyAddress |= paths.find("address") != std::string::npos;

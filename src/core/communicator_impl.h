@@ -22,6 +22,7 @@
 #include "exec/cpu_executor.h"
 #include "exec/device_executor.h"
 #include "transports/wiring.h"
+#include "tuning/address_choice.h"
 
 namespace braid {
 
@@ -75,6 +76,9 @@ struct PendingOp {
   // The call's own algorithm selection (detail::CallAlgorithmScope), if any.
   std::shared_ptr<const tuning::AlgoPreference> preference;
   bool forcePreference = false;
+  // One of the tuner's timed calls (timeContenders): it takes its size's
+  // copy path and does not count towards the choice of it (AddressChoice).
+  bool tunerTrial = false;
 
   bool pointToPoint() const { return kind == Collective::Send || kind == Collective::Recv; }
 };
@@ -223,6 +227,9 @@ struct Communicator::Impl {
   std::unique_ptr<exec::Executor> executor;
   PlanCache plans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
   std::optional<MeasuredLink> measuredLink;  // set when this communicator measured its links
+  // With BRAID_CMA_BYTES=auto, once calibration chose where pieces go by
+  // address: large ops choose again as they run (execute()).
+  std::optional<tuning::AddressChoice> addressChoice;
   // Per DataType: this communicator's plan shape, all but the count.
   std::array<algo::Shape, kNumDataTypes> shapes;
 

@@ -70,9 +70,13 @@ uint64_t piecesSentByAddress(const Communicator& comm) {
 }
 
 size_t addressFrom(const Communicator& comm) {
-  return comm.impl() && comm.impl()->executor->carriesAddresses()
-             ? comm.impl()->executor->addressFrom()
-             : 0;
+  if (!comm.impl() || !comm.impl()->executor->carriesAddresses()) return 0;
+  const auto& choice = comm.impl()->addressChoice;
+  return choice ? choice->from() : comm.impl()->executor->addressFrom();
+}
+
+bool addressChoiceAdapts(const Communicator& comm) {
+  return comm.impl() && comm.impl()->addressChoice.has_value();
 }
 
 std::vector<std::string> peerCopyPaths(const Communicator& comm) {

@@ -39,6 +39,9 @@ uint64_t piecesSentByReference(const Communicator& comm);
 // sends them so (0: none; BRAID_CMA_BYTES, or measured at creation).
 uint64_t piecesSentByAddress(const Communicator& comm);
 size_t addressFrom(const Communicator& comm);
+// Whether large ops choose their path again as they run, the measured
+// size being only the first guess (tuning/address_choice.h).
+bool addressChoiceAdapts(const Communicator& comm);
 // For each rank of `comm`, how host buffers' pieces can travel from this
 // rank to it (Connection::copyPaths: "slots, by address"; "" for itself).
 std::vector<std::string> peerCopyPaths(const Communicator& comm);

@@ -99,12 +99,42 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
                         !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
   }
+  // Large collectives choose their copy path as they run (see
+  // tuning/address_choice.h); the other ops take what their size chose.
+  size_t bytes = 0;  // the largest buffer of the group
+  for (size_t i = 0; i < count; ++i) {
+    const Extents extents = extentsOf(ops[i], nranks);
+    bytes = std::max({bytes, extents.inBytes, extents.outBytes});
+  }
+  // The op's kind: its collective, in place or not; a group's is its own.
+  const Extents first = extentsOf(ops[0], nranks);
+  const unsigned kind = count > 1 ? tuning::AddressChoice::kKinds - 1
+                                  : static_cast<unsigned>(ops[0].kind) * 2 +
+                                        overlap(first.in, first.inBytes, first.out, first.outBytes);
+  const bool timed = addressChoice && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
+  bool byAddress = false;
+  if (addressChoice) {
+    byAddress = timed ? addressChoice->next(kind, bytes) : addressChoice->chosen(kind, bytes);
+    executor->sendByAddressFrom(byAddress ? addressChoice->pieceFrom() : 0);
+  }
   if (executor->usesReferences() || executor->usesAddresses()) findRegions(ops, lanes, count);
   std::optional<Error> failure;
   running.store(true, std::memory_order_relaxed);
   try {
     throwIfFailed();
+    const auto start = std::chrono::steady_clock::now();
     executor->run(lanes, count, timeout(), aborted);
+    if (timed &&
+        addressChoice->record(
+            kind, bytes, byAddress,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()))
+      BRAID_DEBUG(Exec,
+                  "%s ops of %zu KiB now send their large pieces %s (per KiB: %.3g us by address, "
+                  "%.3g us through slots)",
+                  ops[0].info.name, bytes / 1024,
+                  addressChoice->chosen(kind, bytes) ? "by address" : "through slots",
+                  addressChoice->secondsPerByte(kind, bytes, true) * 1024e6,
+                  addressChoice->secondsPerByte(kind, bytes, false) * 1024e6);
   } catch (const Error& error) {
     failedToRun(error);
     failure = error;
@@ -480,6 +510,7 @@ algo::Algorithm Communicator::Impl::timeContenders(Collective collective, const 
         op.input = in.data();
         op.output = out.data();
         op.tag = tagFor(op);
+        op.tunerTrial = true;
         execute(&op, 1);
       }
       if (round > 0)
