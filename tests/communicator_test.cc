@@ -2,6 +2,7 @@
 // groups, split, async work, bad arguments, ranks that never arrive.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -662,6 +663,28 @@ TEST(SingleCopy, LargeOpsTryTheOtherPathInTheirThirdOp) {
                static_cast<unsigned long long>(lent[2])));
   });
   ::unsetenv("BRAID_TUNING");
+}
+
+// A rank whose peer ran on its CPU moves itself to another (two ranks that
+// wake each other can otherwise share one CPU for thousands of messages):
+// it leaves where it may use another, and the CPUs it may use stay the
+// ones it had.
+TEST(LatencyPath, LeavingACpuKeepsTheCpusTheThreadMayUse) {
+  cpu_set_t before, after;
+  CPU_ZERO(&before);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof before, &before), 0);
+  const int left = exec::leaveCpu();
+  CPU_ZERO(&after);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof after, &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&before, &after));
+  if (CPU_COUNT(&before) < 2) {
+    EXPECT_EQ(left, -1);
+    GTEST_SKIP() << "this thread may use one CPU only";
+  }
+  // (Where it runs next is the scheduler's: an idle CPU it left may pull
+  // it back at once when the other is busy, so that is not checked.)
+  ASSERT_GE(left, 0);
+  EXPECT_TRUE(CPU_ISSET(left, &before));
 }
 
 // The latency path: once warm, a small all-reduce allocates nothing.

@@ -170,11 +170,11 @@ class Transport {
   // so nothing that arrived before the snapshot is slept through.
   virtual void prepareToWait() {}
 
-  // As of the last prepareToWait(): some peer of this transport last ran on
-  // this rank's CPU. Such a rank waits best asleep: a yield hands the CPU to
-  // the peer and back, while a sleeper the peer wakes gets placed on an idle
-  // CPU if there is one.
-  virtual bool peerSharesCpu() const { return false; }
+  // As of the last prepareToWait(): the lowest-ranked peer of this
+  // transport that last ran on this rank's CPU, or -1. A rank that shares
+  // its CPU waits best asleep (a yield hands the CPU to the peer and back),
+  // or elsewhere (Executor::leaveSharedCpu).
+  virtual int cpuSharingPeer() const { return -1; }
 
   // Blocks until progress() might move something (anything changed since
   // prepareToWait()), or until `until`.

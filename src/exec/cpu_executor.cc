@@ -13,6 +13,7 @@
 #include "braid/error.h"
 #include "core/cpu_relax.h"
 #include "core/errors.h"
+#include "core/log.h"
 #include "reduce/streaming.h"
 
 namespace braid::exec {
@@ -31,6 +32,14 @@ constexpr Clock::duration kPureSpin = std::chrono::microseconds(5);
 constexpr Clock::duration kQuickAnswer = std::chrono::microseconds(2);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLongestSleep = std::chrono::milliseconds(10);
+// Two ranks that wake each other through the transports' sleeps can stay
+// on one CPU for thousands of messages (the scheduler places a woken thread
+// near its waker), each then waiting for the other to be switched out: a
+// few microseconds a message instead of a few hundred nanoseconds. A rank
+// that finds a lower-ranked peer on its own CPU, on a host with a core per
+// rank, moves to another CPU it may use (leaveSharedCpu), at most this
+// often.
+constexpr auto kLeaveInterval = std::chrono::milliseconds(1);
 // How often a waiting op looks for a revoke that any peer announced.
 constexpr auto kRevokeCheck = std::chrono::milliseconds(1);
 // Idle turns spun before the clock is first read (about a microsecond).
@@ -387,10 +396,39 @@ void Executor::prepareToWait() {
   for (transport::Transport* transport : waitable_) transport->prepareToWait();
 }
 
-bool Executor::peerSharesCpu() const {
+int Executor::cpuSharingPeer() const {
+  int lowest = -1;
   for (const transport::Transport* transport : waitable_)
-    if (transport->peerSharesCpu()) return true;
-  return false;
+    if (const int peer = transport->cpuSharingPeer(); peer >= 0 && (lowest < 0 || peer < lowest))
+      lowest = peer;
+  return lowest;
+}
+
+int leaveCpu() {
+  const int cpu = ::sched_getcpu();
+  cpu_set_t allowed, others;
+  CPU_ZERO(&allowed);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || ::sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
+      !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2)
+    return -1;
+  others = allowed;
+  CPU_CLR(cpu, &others);
+  // Narrowing the set moves the thread at once; the set it had comes back
+  // right after, and the thread stays where it went.
+  if (::sched_setaffinity(0, sizeof others, &others) != 0) return -1;
+  ::sched_setaffinity(0, sizeof allowed, &allowed);
+  return cpu;
+}
+
+bool Executor::leaveSharedCpu(Clock::time_point now, int peer) {
+  if (now < nextLeave_) return false;
+  nextLeave_ = now + kLeaveInterval;
+  const int left = leaveCpu();
+  if (left < 0) return false;
+  ++cpusLeft_;
+  BRAID_DEBUG(Exec, "rank %d ran on CPU %d with rank %d: moved to CPU %d", rank_, left, peer,
+              ::sched_getcpu());
+  return true;
 }
 
 void Executor::waitForActivity(Clock::time_point until) {
@@ -685,9 +723,15 @@ void Executor::run(Lane* lanes, size_t count, std::chrono::milliseconds timeout,
         // Snapshot, then at least one more full pass before any sleep.
         prepareToWait();
         armed = true;
-      } else if (idleFor > kSpin || (spinFirst_ && peerSharesCpu())) {
-        // Past the spin, or (on a host with a core per rank) sharing a CPU
-        // with a peer, which the scheduler will fix when it wakes us.
+      } else if (const int sharing = spinFirst_ ? cpuSharingPeer() : -1;
+                 sharing >= 0 && idleFor <= kSpin && sharing < rank_ &&
+                 leaveSharedCpu(now, sharing)) {
+        // On a host with a core per rank, a peer ran on this CPU: the
+        // higher rank of the two moves to another and both go on spinning.
+        prepareToWait();
+      } else if (idleFor > kSpin || sharing >= 0) {
+        // Past the spin, or sharing a CPU with a peer (and not moving now):
+        // asleep, this rank leaves the CPU to it until it has news.
         waitForActivity(std::min(deadline, now + kLongestSleep));
         prepareToWait();  // the next pass checks every step again before any sleep
         now = Clock::now();

@@ -42,6 +42,11 @@ struct OpInfo {
   std::string describe() const;
 };
 
+// Moves the calling thread from its CPU to another of the CPUs it may
+// use, which stay what they were. Returns the CPU it left, or -1 where it
+// did not move (it may use only one).
+int leaveCpu();
+
 // One op's plan bound to host buffers, advancing through its steps.
 struct Lane {
   const algo::Plan* plan = nullptr;
@@ -130,6 +135,9 @@ class Executor {
   bool usesAddresses() const { return addressFrom_ != 0 && carriesAddresses_; }
   uint64_t piecesSentByReference() const { return piecesSentByReference_; }
   uint64_t piecesSentByAddress() const { return piecesSentByAddress_; }
+  // How many times this rank moved to another CPU because a peer ran on
+  // its own (leaveSharedCpu).
+  uint64_t cpusLeft() const { return cpusLeft_; }
   // After run() threw: the rank to blame (the peer that failed, or the one a
   // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
   int blamedRank() const { return blamed_; }
@@ -163,7 +171,13 @@ class Executor {
   bool advance(Lane& lane);
   bool progressTransports();
   void prepareToWait();
-  bool peerSharesCpu() const;
+  // The lowest-ranked peer that last ran on this rank's CPU, or -1
+  // (Transport::cpuSharingPeer).
+  int cpuSharingPeer() const;
+  // Moves this thread off its CPU, which it shares with `peer`, to another
+  // of those it may use, unless it did so less than kLeaveInterval ago; the
+  // set of CPUs it may use stays as it was. Returns whether it moved.
+  bool leaveSharedCpu(Clock::time_point now, int peer);
   void waitForActivity(Clock::time_point until);
   bool flushed() const;
   // The region from which the piece `data` that `step` sends may be lent to
@@ -241,6 +255,8 @@ class Executor {
   std::vector<Lent> lent_;
   uint64_t piecesSentByReference_ = 0;
   uint64_t piecesSentByAddress_ = 0;
+  uint64_t cpusLeft_ = 0;
+  Clock::time_point nextLeave_{};  // leaveSharedCpu() waits until then
   size_t addressFrom_ = 0;
   bool carriesAddresses_ = false;
   // A piece read by address that a reduction combines, before it does.

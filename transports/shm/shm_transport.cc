@@ -607,12 +607,14 @@ class ShmTransport final : public Transport {
     seen_ = activity();
     const int cpu = ::sched_getcpu();
     own_->header()->cpu.store(cpu, std::memory_order_relaxed);
-    sharesCpu_ = false;
-    for (const auto& peer : peers_)
-      sharesCpu_ |= cpu >= 0 && peer->header()->cpu.load(std::memory_order_relaxed) == cpu;
+    sharingPeer_ = -1;
+    for (size_t i = 0; i < peers_.size() && cpu >= 0; ++i)
+      if (peers_[i]->header()->cpu.load(std::memory_order_relaxed) == cpu &&
+          (sharingPeer_ < 0 || connections_[i]->peer() < sharingPeer_))
+        sharingPeer_ = connections_[i]->peer();
   }
 
-  bool peerSharesCpu() const override { return sharesCpu_; }
+  int cpuSharingPeer() const override { return sharingPeer_; }
 
   void waitForActivity(Clock::time_point until) override {
     SegmentHeader* mine = own_->header();
@@ -664,7 +666,7 @@ class ShmTransport final : public Transport {
   }
   static constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
   uint64_t seen_ = 0;
-  bool sharesCpu_ = false;
+  int sharingPeer_ = -1;
   Clock::time_point lastLivenessCheck_{};
 };
 
