@@ -122,7 +122,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   running.store(true, std::memory_order_relaxed);
   try {
     throwIfFailed();
-    const auto start = std::chrono::steady_clock::now();
+    const auto start =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     executor->run(lanes, count, timeout(), aborted);
     if (timed &&
         addressChoice->record(
