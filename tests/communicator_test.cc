@@ -628,39 +628,39 @@ TEST(SingleCopy, MeasuredCrossoverIsTheSameOnEveryRankAndZeroTurnsItOff) {
   ::unsetenv("BRAID_TUNING");
 }
 
-// BRAID_CMA_BYTES=auto: large ops go on choosing their path as they run.
-// The third op of a size tries the path the first two did not take (on
-// every rank at once), so both paths carry a piece within three ops,
-// whatever calibration guessed, and every result stays exact.
-TEST(SingleCopy, LargeOpsTryTheOtherPathInTheirThirdOp) {
+// BRAID_CMA_BYTES=auto: large ops go on choosing how their pieces cross as
+// they run. The first two ops of a size take calibration's guess (through
+// slots or by address), the third and fourth try the two other paths (on
+// every rank at once), so all three carry pieces within four ops, and
+// every result stays exact.
+TEST(SingleCopy, LargeOpsTryEveryCopyPathInTheirFirstFourOps) {
   if (!processesReadEachOther())
     GTEST_SKIP() << "process_vm_readv between processes is not allowed here (ptrace policy)";
   ::setenv("BRAID_TUNING", "measured", 1);
   runRanks(2, [](Communicator& comm) {
     // (Over other transports, as in this suite's tcp.* and ucx.* runs,
-    // nothing goes by address and the results are checked alone.)
+    // nothing changes path and the results are checked alone.)
     const bool shm = detail::peerTransports(comm)[1 - comm.rank()] == "shm";
-    require(detail::addressChoiceAdapts(comm) == shm,
+    require(detail::copyPathAdapts(comm) == shm,
             shm ? "large ops do not choose their path as they run"
                 : "ops choose a copy path that their transport does not have");
     const size_t count = 256 * 1024;  // 1 MiB: pieces of a whole slot
     std::vector<float> input(count), output(count);
-    std::vector<uint64_t> lent;
-    for (int op = 0; op < 3; ++op) {
+    std::string paths;  // per op: A (by address), S (streamed into slots), - (neither)
+    for (int op = 0; op < 4; ++op) {
       for (size_t i = 0; i < count; ++i) input[i] = static_cast<float>((i + op) % 97 + comm.rank());
-      const uint64_t before = detail::piecesSentByAddress(comm);
+      const uint64_t lent = detail::piecesSentByAddress(comm);
+      const uint64_t streamed = detail::piecesStreamedToSlots(comm);
       comm.allReduce(input.data(), output.data(), count, DataType::Float32, ReduceOp::Sum);
-      lent.push_back(detail::piecesSentByAddress(comm) - before);
+      const bool byAddress = detail::piecesSentByAddress(comm) > lent;
+      const bool byStreaming = detail::piecesStreamedToSlots(comm) > streamed;
+      paths += byAddress && byStreaming ? '2' : byAddress ? 'A' : byStreaming ? 'S' : '-';
       for (size_t i = 0; i < count; ++i)
         require(output[i] == static_cast<float>(2 * ((i + op) % 97) + 1),
                 format("op %d: element %zu is %g", op, i, output[i]));
     }
-    require(
-        shm ? (lent[0] > 0) == (lent[1] > 0) && (lent[1] > 0) != (lent[2] > 0)
-            : lent[0] + lent[1] + lent[2] == 0,
-        format("pieces by address in the first three ops: %llu, %llu, %llu",
-               static_cast<unsigned long long>(lent[0]), static_cast<unsigned long long>(lent[1]),
-               static_cast<unsigned long long>(lent[2])));
+    require(shm ? paths == "AA-S" || paths == "--SA" : paths == "----",
+            "the first four ops' paths: " + paths);
   });
   ::unsetenv("BRAID_TUNING");
 }

@@ -16,9 +16,9 @@
 
 #include "algorithms/catalog.h"
 #include "algorithms/simulate.h"
-#include "tuning/address_choice.h"
 #include "tuning/algo_choice.h"
 #include "tuning/calibration.h"
+#include "tuning/copy_choice.h"
 
 namespace braid::algo {
 namespace {
@@ -401,61 +401,72 @@ TEST(Tuning, AddressCrossoverFollowsTheMedianRankAndFeedsTheFit) {
 }
 
 // The copy path, op by op: a class starts from calibration's guess, tries
-// the other path in its third op and then every kTrialPeriod-th, follows
-// whichever is faster by a margin, and turns back when the one it took
-// slows down (a virtual machine's vCPUs moved). Kinds and sizes to a power
-// of two are classes of their own, and small ops never go by address.
-TEST(Tuning, AddressChoiceTriesTheOtherPathAndFollowsTheFasterOne) {
-  using tuning::AddressChoice;
+// each other path in its third and fourth ops and then one every
+// kTrialPeriod-th, follows whichever is fastest by a margin, and turns
+// back when the one it took slows down (a virtual machine's vCPUs moved).
+// Kinds and sizes to a power of two are classes of their own, small ops
+// take plain slots, and without addresses only the two slot paths run.
+TEST(Tuning, CopyChoiceTriesTheOtherPathsAndFollowsTheFastest) {
+  using tuning::CopyChoice;
+  using tuning::CopyPath;
   constexpr size_t kMiB = 1024 * 1024;
   constexpr unsigned kAllReduce = 0, kInPlace = 1;
-  AddressChoice choice(256 * 1024);  // calibration: by address from 256 KiB
-  EXPECT_TRUE(choice.chosen(kAllReduce, kMiB));
-  EXPECT_FALSE(choice.chosen(kAllReduce, 64 * 1024));
-  EXPECT_FALSE(choice.next(kAllReduce, 64 * 1024));
+  CopyChoice choice(true, 256 * 1024);  // calibration: by address from 256 KiB
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Address);
+  EXPECT_EQ(choice.chosen(kAllReduce, 128 * 1024), CopyPath::Slots);
+  EXPECT_EQ(choice.next(kAllReduce, 64 * 1024), CopyPath::Slots);
   EXPECT_EQ(choice.pieceFrom(), 256u * 1024);
-  EXPECT_EQ(AddressChoice(0).pieceFrom(), AddressChoice::kSmallestPiece);
+  EXPECT_EQ(CopyChoice(true, 0).pieceFrom(), CopyChoice::kSmallestPiece);
 
-  // Slots take 60 us per MiB, addresses 120: the trial (the third op)
-  // shows it, and the class turns to slots.
-  auto run = [&](unsigned kind, size_t bytes, double addressSeconds, double slotSeconds) {
-    const bool byAddress = choice.next(kind, bytes);
-    choice.record(kind, bytes, byAddress, byAddress ? addressSeconds : slotSeconds);
-    return byAddress;
+  // Seconds per MiB of each path.
+  double slots = 60e-6, streamed = 100e-6, address = 120e-6;
+  auto run = [&](unsigned kind, size_t bytes) {
+    const CopyPath path = choice.next(kind, bytes);
+    const double seconds[] = {slots, streamed, address};
+    choice.record(kind, bytes, path, seconds[static_cast<size_t>(path)] * bytes / kMiB);
+    return path;
   };
-  EXPECT_TRUE(run(kAllReduce, kMiB, 900e-6, 900e-6));  // the first op: cold, not timed
-  EXPECT_EQ(choice.secondsPerByte(kAllReduce, kMiB, true), 0);
-  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 60e-6));
-  EXPECT_FALSE(run(kAllReduce, kMiB, 120e-6, 60e-6));  // the trial
-  EXPECT_FALSE(choice.chosen(kAllReduce, kMiB));
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Address);  // the first op: cold, not timed
+  EXPECT_EQ(choice.secondsPerByte(kAllReduce, kMiB, CopyPath::Address), 0);
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Address);
+  // The trials: slots (the class moves there: half the time), then the
+  // streamed slots, slower than the slots.
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Slots);
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::StreamedSlots);
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
   // The same size in place, and the next size up, have not moved.
-  EXPECT_TRUE(choice.chosen(kInPlace, kMiB));
-  EXPECT_TRUE(choice.chosen(kAllReduce, 2 * kMiB));
+  EXPECT_EQ(choice.chosen(kInPlace, kMiB), CopyPath::Address);
+  EXPECT_EQ(choice.chosen(kAllReduce, 2 * kMiB), CopyPath::Address);
 
-  // Slots stay while they are faster; the next trial is kTrialPeriod ops on.
-  int byAddress = 0;
-  for (uint64_t i = 1; i < AddressChoice::kTrialPeriod; ++i)
-    byAddress += run(kAllReduce, kMiB, 120e-6, 60e-6);
-  EXPECT_EQ(byAddress, 0);
-  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 60e-6));
-  EXPECT_FALSE(choice.chosen(kAllReduce, kMiB));
+  // Slots stay while they are fastest; the next trial comes kTrialPeriod
+  // ops after the first.
+  int others = 0;
+  for (uint64_t op = 4; op < CopyChoice::kFirstTrial + CopyChoice::kTrialPeriod; ++op)
+    others += run(kAllReduce, kMiB) != CopyPath::Slots;
+  EXPECT_EQ(others, 0);
+  EXPECT_NE(run(kAllReduce, kMiB), CopyPath::Slots);
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
 
   // Slots slow down to 480 us (the cores no longer share a cache): the
-  // first such op brings their average above the last time by address,
-  // and the class turns back at once, without waiting for a trial.
-  EXPECT_FALSE(run(kAllReduce, kMiB, 120e-6, 480e-6));
-  EXPECT_TRUE(choice.chosen(kAllReduce, kMiB));
-  EXPECT_TRUE(run(kAllReduce, kMiB, 120e-6, 480e-6));
+  // first such op brings their average above the others' last times, and
+  // the class goes to the fastest of those at once, without a trial.
+  slots = 480e-6;
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Slots);
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::StreamedSlots);
+  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::StreamedSlots);
 
-  // Within the margin (addresses 5% faster than slots) the class stays.
-  AddressChoice close(0);
-  for (int i = 0; i < 3 + static_cast<int>(AddressChoice::kTrialPeriod); ++i) {
-    const bool byAddress = close.next(kAllReduce, kMiB);
-    close.record(kAllReduce, kMiB, byAddress, byAddress ? 95e-6 : 100e-6);
+  // Within the margin (streamed 5% faster than slots) a class stays; with
+  // no addresses its trials only ever stream.
+  CopyChoice close(false, 0);
+  for (int op = 0; op < 3 + static_cast<int>(CopyChoice::kTrialPeriod); ++op) {
+    const CopyPath path = close.next(kAllReduce, kMiB);
+    EXPECT_NE(path, CopyPath::Address);
+    close.record(kAllReduce, kMiB, path, path == CopyPath::StreamedSlots ? 95e-6 : 100e-6);
   }
-  EXPECT_FALSE(close.chosen(kAllReduce, kMiB));
+  EXPECT_EQ(close.chosen(kAllReduce, kMiB), CopyPath::Slots);
   // An op that failed or took no time tells nothing.
-  EXPECT_FALSE(close.record(kAllReduce, kMiB, true, 0));
+  EXPECT_FALSE(close.record(kAllReduce, kMiB, CopyPath::StreamedSlots, 0));
 }
 
 // The fit: a memory link's per-byte ring-step time splits evenly between

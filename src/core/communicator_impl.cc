@@ -127,7 +127,7 @@ Communicator::Impl::Impl(std::unique_ptr<bootstrap::Bootstrap> boot, const Knobs
                              addresses ? &addressFrom : nullptr);
       }
       measuredLink = MeasuredLink{used, link, addressFrom};
-      if (addresses && executor->carriesAddresses()) addressChoice.emplace(addressFrom);
+      if (addresses) copyChoice.emplace(executor->carriesAddresses(), addressFrom);
     }
     plans.useModel(link);
     if (knobs.tuning == Tuning::Measured && !knobs.deterministic && nranks > 1)

@@ -22,7 +22,7 @@
 #include "exec/cpu_executor.h"
 #include "exec/device_executor.h"
 #include "transports/wiring.h"
-#include "tuning/address_choice.h"
+#include "tuning/copy_choice.h"
 
 namespace braid {
 
@@ -77,7 +77,7 @@ struct PendingOp {
   std::shared_ptr<const tuning::AlgoPreference> preference;
   bool forcePreference = false;
   // One of the tuner's timed calls (timeContenders): it takes its size's
-  // copy path and does not count towards the choice of it (AddressChoice).
+  // copy path and does not count towards the choice of it (CopyChoice).
   bool tunerTrial = false;
 
   bool pointToPoint() const { return kind == Collective::Send || kind == Collective::Recv; }
@@ -227,9 +227,10 @@ struct Communicator::Impl {
   std::unique_ptr<exec::Executor> executor;
   PlanCache plans{knobs.oneShotBytes, tuning::AlgoPreference::parse(knobs.algo)};
   std::optional<MeasuredLink> measuredLink;  // set when this communicator measured its links
-  // With BRAID_CMA_BYTES=auto, once calibration chose where pieces go by
-  // address: large ops choose again as they run (execute()).
-  std::optional<tuning::AddressChoice> addressChoice;
+  // With BRAID_CMA_BYTES=auto on shared memory, once calibration guessed
+  // where pieces go by address: large ops choose how their pieces cross as
+  // they run (execute()).
+  std::optional<tuning::CopyChoice> copyChoice;
   // Per DataType: this communicator's plan shape, all but the count.
   std::array<algo::Shape, kNumDataTypes> shapes;
 

@@ -65,18 +65,22 @@ uint64_t piecesSentByReference(const Communicator& comm) {
   return comm.impl() ? comm.impl()->executor->piecesSentByReference() : 0;
 }
 
+uint64_t piecesStreamedToSlots(const Communicator& comm) {
+  return comm.impl() ? comm.impl()->executor->piecesStreamedToSlots() : 0;
+}
+
 uint64_t piecesSentByAddress(const Communicator& comm) {
   return comm.impl() ? comm.impl()->executor->piecesSentByAddress() : 0;
 }
 
 size_t addressFrom(const Communicator& comm) {
   if (!comm.impl() || !comm.impl()->executor->carriesAddresses()) return 0;
-  const auto& choice = comm.impl()->addressChoice;
-  return choice ? choice->from() : comm.impl()->executor->addressFrom();
+  const auto& choice = comm.impl()->copyChoice;
+  return choice ? choice->addressFrom() : comm.impl()->executor->addressFrom();
 }
 
-bool addressChoiceAdapts(const Communicator& comm) {
-  return comm.impl() && comm.impl()->addressChoice.has_value();
+bool copyPathAdapts(const Communicator& comm) {
+  return comm.impl() && comm.impl()->copyChoice.has_value();
 }
 
 std::vector<std::string> peerCopyPaths(const Communicator& comm) {

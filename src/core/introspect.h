@@ -39,9 +39,13 @@ uint64_t piecesSentByReference(const Communicator& comm);
 // sends them so (0: none; BRAID_CMA_BYTES, or measured at creation).
 uint64_t piecesSentByAddress(const Communicator& comm);
 size_t addressFrom(const Communicator& comm);
-// Whether large ops choose their path again as they run, the measured
-// size being only the first guess (tuning/address_choice.h).
-bool addressChoiceAdapts(const Communicator& comm);
+// How many pieces this rank has written into peers' slots with streaming
+// stores (tuning::CopyPath::StreamedSlots).
+uint64_t piecesStreamedToSlots(const Communicator& comm);
+// Whether large ops choose how their pieces cross as they run (through
+// slots, streamed slots or by address), the measured size being only the
+// first guess (tuning/copy_choice.h).
+bool copyPathAdapts(const Communicator& comm);
 // For each rank of `comm`, how host buffers' pieces can travel from this
 // rank to it (Connection::copyPaths: "slots, by address"; "" for itself).
 std::vector<std::string> peerCopyPaths(const Communicator& comm);

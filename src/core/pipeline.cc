@@ -99,8 +99,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
                         !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
   }
-  // Large collectives choose their copy path as they run (see
-  // tuning/address_choice.h); the other ops take what their size chose.
+  // Large collectives choose how their pieces cross as they run (see
+  // tuning/copy_choice.h); the other ops take what their size chose.
   size_t bytes = 0;  // the largest buffer of the group
   for (size_t i = 0; i < count; ++i) {
     const Extents extents = extentsOf(ops[i], nranks);
@@ -108,14 +108,15 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
   }
   // The op's kind: its collective, in place or not; a group's is its own.
   const Extents first = extentsOf(ops[0], nranks);
-  const unsigned kind = count > 1 ? tuning::AddressChoice::kKinds - 1
+  const unsigned kind = count > 1 ? tuning::CopyChoice::kKinds - 1
                                   : static_cast<unsigned>(ops[0].kind) * 2 +
                                         overlap(first.in, first.inBytes, first.out, first.outBytes);
-  const bool timed = addressChoice && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
-  bool byAddress = false;
-  if (addressChoice) {
-    byAddress = timed ? addressChoice->next(kind, bytes) : addressChoice->chosen(kind, bytes);
-    executor->sendByAddressFrom(byAddress ? addressChoice->pieceFrom() : 0);
+  const bool timed = copyChoice && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
+  tuning::CopyPath path = tuning::CopyPath::Slots;
+  if (copyChoice) {
+    path = timed ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
+    executor->sendByAddressFrom(path == tuning::CopyPath::Address ? copyChoice->pieceFrom() : 0);
+    executor->streamSlots(path == tuning::CopyPath::StreamedSlots);
   }
   if (executor->usesReferences() || executor->usesAddresses()) findRegions(ops, lanes, count);
   std::optional<Error> failure;
@@ -126,16 +127,17 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
         timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     executor->run(lanes, count, timeout(), aborted);
     if (timed &&
-        addressChoice->record(
-            kind, bytes, byAddress,
+        copyChoice->record(
+            kind, bytes, path,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()))
       BRAID_DEBUG(Exec,
-                  "%s ops of %zu KiB now send their large pieces %s (per KiB: %.3g us by address, "
-                  "%.3g us through slots)",
+                  "%s ops of %zu KiB now send their large pieces %s (per KiB: %.3g us through "
+                  "slots, %.3g us with streaming stores, %.3g us by address)",
                   ops[0].info.name, bytes / 1024,
-                  addressChoice->chosen(kind, bytes) ? "by address" : "through slots",
-                  addressChoice->secondsPerByte(kind, bytes, true) * 1024e6,
-                  addressChoice->secondsPerByte(kind, bytes, false) * 1024e6);
+                  tuning::copyPathName(copyChoice->chosen(kind, bytes)),
+                  copyChoice->secondsPerByte(kind, bytes, tuning::CopyPath::Slots) * 1024e6,
+                  copyChoice->secondsPerByte(kind, bytes, tuning::CopyPath::StreamedSlots) * 1024e6,
+                  copyChoice->secondsPerByte(kind, bytes, tuning::CopyPath::Address) * 1024e6);
   } catch (const Error& error) {
     failedToRun(error);
     failure = error;

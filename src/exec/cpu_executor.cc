@@ -248,9 +248,17 @@ bool Executor::advance(Lane& lane) {
     // own input, and only what is final (Avg then divides it in place).
     const bool streamResult =
         lane.streamOutput && result != mine && !(step.finalize && lane.op == ReduceOp::Avg);
+    // What goes into the slot, with streaming stores where chosen.
+    const bool streamSlot = streamSlots_ && out && !lent;
+    auto toSlot = [&](const std::byte* from) {
+      if (streamSlot)
+        reduce::copyStreaming(slotMemory, from, piece);
+      else
+        std::memcpy(slotMemory, from, piece);
+    };
     switch (step.kind) {
       case StepKind::Send:
-        if (!lent) std::memcpy(slotMemory, mine, piece);
+        if (!lent) toSlot(mine);
         break;
       case StepKind::Recv:
         if (readInto) break;  // already in the result
@@ -260,7 +268,10 @@ bool Executor::advance(Lane& lane) {
           std::memcpy(result, theirs, piece);
         break;
       case StepKind::RecvReduceSend:
-        lane.kernel(slotMemory, theirs, mine, elems);
+        if (streamSlot)
+          reduce::reduceStreaming(lane.kernel, slotMemory, theirs, mine, elems, lane.elemSize);
+        else
+          lane.kernel(slotMemory, theirs, mine, elems);
         break;
       case StepKind::RecvReduceCopy:
         if (streamResult)
@@ -270,6 +281,11 @@ bool Executor::advance(Lane& lane) {
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
         break;
       case StepKind::RecvReduceCopySend:
+        if (streamResult && streamSlot) {  // both past the cache
+          reduce::reduceStreaming(lane.kernel, result, theirs, mine, elems, lane.elemSize,
+                                  slotMemory);
+          break;
+        }
         if (streamResult && !lent) {  // into the slot, then on to the output past the cache
           lane.kernel(slotMemory, theirs, mine, elems);
           reduce::copyStreaming(result, slotMemory, piece);
@@ -277,14 +293,14 @@ bool Executor::advance(Lane& lane) {
         }
         lane.kernel(result, theirs, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
-        if (!lent) std::memcpy(slotMemory, result, piece);
+        if (!lent) toSlot(result);
         break;
       case StepKind::RecvCopySend:
         if (!readInto && lane.streamOutput)
           reduce::copyStreaming(result, theirs, piece);
         else if (!readInto)
           std::memcpy(result, theirs, piece);
-        if (!lent) std::memcpy(slotMemory, theirs, piece);  // (read into the result: from there)
+        if (!lent) toSlot(theirs);  // (read into the result: from there)
         break;
       case StepKind::Copy:
       case StepKind::Reduce:
@@ -304,6 +320,7 @@ bool Executor::advance(Lane& lane) {
       ++piecesSentByAddress_;
     } else if (out) {
       out->postSend(static_cast<uint32_t>(piece), lane.tag);
+      piecesStreamedToSlots_ += streamSlot;
     }
     // Borrowed bytes were the peer's only while its op ran: if it has given
     // up since (its buffers may be reused), what was read may be anything.

@@ -127,6 +127,10 @@ class Executor {
   // reads them so (Connection::carriesAddresses): the communicator sets it
   // from BRAID_CMA_BYTES or from what it measured at creation.
   void sendByAddressFrom(size_t bytes) { addressFrom_ = bytes; }
+  // Whether pieces copied into a peer's slot are written with streaming
+  // stores (reduce/streaming.h): they then reach the peer through memory
+  // rather than from this core's cache.
+  void streamSlots(bool on) { streamSlots_ = on; }
   size_t addressFrom() const { return addressFrom_; }
   // Whether some peer reads this rank's pieces by address.
   bool carriesAddresses() const { return carriesAddresses_; }
@@ -135,6 +139,7 @@ class Executor {
   bool usesAddresses() const { return addressFrom_ != 0 && carriesAddresses_; }
   uint64_t piecesSentByReference() const { return piecesSentByReference_; }
   uint64_t piecesSentByAddress() const { return piecesSentByAddress_; }
+  uint64_t piecesStreamedToSlots() const { return piecesStreamedToSlots_; }
   // How many times this rank moved to another CPU because a peer ran on
   // its own (leaveSharedCpu).
   uint64_t cpusLeft() const { return cpusLeft_; }
@@ -255,9 +260,11 @@ class Executor {
   std::vector<Lent> lent_;
   uint64_t piecesSentByReference_ = 0;
   uint64_t piecesSentByAddress_ = 0;
+  uint64_t piecesStreamedToSlots_ = 0;
   uint64_t cpusLeft_ = 0;
   Clock::time_point nextLeave_{};  // leaveSharedCpu() waits until then
   size_t addressFrom_ = 0;
+  bool streamSlots_ = false;
   bool carriesAddresses_ = false;
   // A piece read by address that a reduction combines, before it does.
   std::vector<std::byte> staging_;

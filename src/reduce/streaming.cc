@@ -62,10 +62,11 @@ void copyStreaming(void* dst, const void* src, size_t bytes) {
 }
 
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
-                     size_t elemSize) {
+                     size_t elemSize, void* also) {
   alignas(64) std::byte block[kBlockBytes];
   const size_t perBlock = kBlockBytes / elemSize;
   auto* out = static_cast<std::byte*>(dst);
+  auto* copy = static_cast<std::byte*>(also);
   const auto* left = static_cast<const std::byte*>(a);
   const auto* right = static_cast<const std::byte*>(b);
   for (size_t done = 0; done < count;) {
@@ -73,6 +74,7 @@ void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, siz
     const size_t at = done * elemSize;
     kernel(block, left + at, right + at, n);
     stream(out + at, block, n * elemSize);
+    if (copy) stream(copy + at, block, n * elemSize);
     done += n;
   }
   fence();

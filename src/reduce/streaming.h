@@ -25,9 +25,10 @@ void copyStreaming(void* dst, const void* src, size_t bytes);
 
 // kernel(dst, a, b, count) with streaming stores into dst, which must not
 // overlap a or b: the kernel writes a block that stays in the L1 cache, and
-// the block is streamed to dst. `elemSize`: the bytes of one element.
+// the block is streamed to dst, and to `also` where that is not null (a
+// second copy, as neither). `elemSize`: the bytes of one element.
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
-                     size_t elemSize);
+                     size_t elemSize, void* also = nullptr);
 
 // The last-level cache of this CPU in bytes (sysconf), or 32 MiB where the
 // system does not say.

@@ -1,0 +1,97 @@
+// How a large op's pieces cross to same-host peers, chosen op by op from
+// what recent ops of its kind and about its size took each way:
+// - Slots: the sender copies each piece into the peer's FIFO slot with
+//   ordinary stores, the receiver reads it from there (two copies, the
+//   lines going from one core's cache to the other's);
+// - StreamedSlots: the same with streaming stores into the slot
+//   (reduce/streaming.h), so the lines go through memory instead;
+// - Address: the receiver copies the piece from the sender's memory with
+//   one process_vm_readv (Connection::postAddress), where the peer may.
+//
+// Which is fastest can change while a job runs. A cache line one core has
+// just written crosses to another core several times more slowly when the
+// two do not share a cache, and a virtual machine's vCPUs move between
+// physical cores. On one VM a 1 MiB all-reduce ran at 17 to 18 GB/s
+// through slots in one spell and 2.1 in the next, when streamed slots ran
+// at 10 to 11 and addresses at 8.5 in both. Calibration at creation
+// (core/calibrate.cc) only gives the first guess. After it, every op is
+// timed in its class: its kind (which the caller numbers: a collective, in
+// place or not) and its size to a power of two. The class keeps a moving
+// average of the seconds per byte of the path it uses; its third and
+// fourth ops try the paths other than the first guess (each once, where
+// there are two), and then every kTrialPeriod-th op tries another path, in
+// turn. The class moves to the path whose last time per byte is lowest
+// where that is below kSwitchRatio of its own path's.
+//
+// Which ops try another path depends only on how many ops of the class
+// came before, which is the same on every rank (ranks issue collectives in
+// the same order), so all ranks try it in the same op and time the same
+// thing. The choices themselves follow each rank's own clock and may differ
+// between ranks: every path gives the same bytes, so that costs speed only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::tuning {
+
+enum class CopyPath : uint8_t { Slots, StreamedSlots, Address };
+inline constexpr size_t kCopyPaths = 3;
+const char* copyPathName(CopyPath path);
+
+class CopyChoice {
+ public:
+  // Ops of at least kSmallestOp bytes choose; smaller ones use slots. An
+  // op that sends by address sends so its pieces of at least pieceFrom().
+  static constexpr size_t kSmallestOp = 128 * 1024;
+  static constexpr size_t kSmallestPiece = 64 * 1024;
+  static constexpr uint64_t kFirstTrial = 2;  // (the first op of a class is cold: not timed)
+  static constexpr uint64_t kTrialPeriod = 64;
+  static constexpr double kSwitchRatio = 0.9;
+  // Kinds of op: 0 to kKinds - 1.
+  static constexpr unsigned kKinds = 16;
+
+  // `addresses`: whether the Address path is there at all. Ops of
+  // `addressFrom` bytes and more start out by address (0: none do), the
+  // others through slots.
+  CopyChoice(bool addresses, size_t addressFrom);
+
+  // The path of the next op of `kind` and `bytes`. Counts the op: call it
+  // once per op of its class, in the order ranks issue them.
+  CopyPath next(unsigned kind, size_t bytes);
+  // That op, which next() gave `path`, took `seconds`. Returns whether that
+  // made its class change paths.
+  bool record(unsigned kind, size_t bytes, CopyPath path, double seconds);
+  // The path the class of `kind` and `bytes` uses now (no trial, nothing
+  // counted).
+  CopyPath chosen(unsigned kind, size_t bytes) const;
+  // The time per byte that class last knew for `path` (0: none).
+  double secondsPerByte(unsigned kind, size_t bytes, CopyPath path) const {
+    return classes_[kind % kKinds][sizeClass(bytes)].secondsPerByte[static_cast<size_t>(path)];
+  }
+  bool addresses() const { return addresses_; }
+  // The first guess's size for addresses (0: never), and the smallest
+  // piece lent.
+  size_t addressFrom() const { return addressFrom_; }
+  size_t pieceFrom() const { return addressFrom_ > kSmallestPiece ? addressFrom_ : kSmallestPiece; }
+
+ private:
+  struct Class {
+    uint64_t ops = 0;  // counted by next()
+    CopyPath path = CopyPath::Slots;
+    double secondsPerByte[kCopyPaths] = {0, 0, 0};  // by path; 0: not timed yet
+  };
+  static size_t sizeClass(size_t bytes);
+  Class& classOf(unsigned kind, size_t bytes) { return classes_[kind % kKinds][sizeClass(bytes)]; }
+  // The path of trial number `trial` in a class on `path`: the others in
+  // turn.
+  CopyPath trialPath(CopyPath path, uint64_t trial) const;
+  // The path a class of `bytes` starts on.
+  CopyPath firstGuess(size_t bytes) const;
+  bool addresses_;
+  size_t addressFrom_;
+  std::array<std::array<Class, 64>, kKinds> classes_{};
+};
+
+}  // namespace braid::tuning
