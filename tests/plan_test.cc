@@ -401,72 +401,81 @@ TEST(Tuning, AddressCrossoverFollowsTheMedianRankAndFeedsTheFit) {
 }
 
 // The copy path, op by op: a class starts from calibration's guess, tries
-// each other path in its third and fourth ops and then one every
-// kTrialPeriod-th, follows whichever is fastest by a margin, and turns
-// back when the one it took slows down (a virtual machine's vCPUs moved).
-// Kinds and sizes to a power of two are classes of their own, small ops
-// take plain slots, and without addresses only the two slot paths run.
+// each other path from its third op and then one every kTrialPeriod ops (a
+// trial is two ops, of which the second is timed, and the op back on the
+// class's path is not timed either), follows whichever is fastest by a
+// margin, and moves at once when the one it took slows down (a virtual
+// machine's vCPUs moved). Kinds and sizes to a power of two are classes of
+// their own, small ops take plain slots, and without addresses only the two
+// slot paths run.
 TEST(Tuning, CopyChoiceTriesTheOtherPathsAndFollowsTheFastest) {
   using tuning::CopyChoice;
   using tuning::CopyPath;
   constexpr size_t kMiB = 1024 * 1024;
   constexpr unsigned kAllReduce = 0, kInPlace = 1;
+  constexpr CopyPath S = CopyPath::Slots, T = CopyPath::StreamedSlots, A = CopyPath::Address;
   CopyChoice choice(true, 256 * 1024);  // calibration: by address from 256 KiB
-  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Address);
-  EXPECT_EQ(choice.chosen(kAllReduce, 128 * 1024), CopyPath::Slots);
-  EXPECT_EQ(choice.next(kAllReduce, 64 * 1024), CopyPath::Slots);
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), A);
+  EXPECT_EQ(choice.chosen(kAllReduce, 128 * 1024), S);
+  EXPECT_EQ(choice.next(kAllReduce, 64 * 1024), S);
   EXPECT_EQ(choice.pieceFrom(), 256u * 1024);
   EXPECT_EQ(CopyChoice(true, 0).pieceFrom(), CopyChoice::kSmallestPiece);
 
-  // Seconds per MiB of each path.
+  // Seconds per MiB of each path; each op records its time.
   double slots = 60e-6, streamed = 100e-6, address = 120e-6;
-  auto run = [&](unsigned kind, size_t bytes) {
-    const CopyPath path = choice.next(kind, bytes);
-    const double seconds[] = {slots, streamed, address};
-    choice.record(kind, bytes, path, seconds[static_cast<size_t>(path)] * bytes / kMiB);
-    return path;
+  std::string taken;
+  auto run = [&](int ops) {
+    for (int i = 0; i < ops; ++i) {
+      const CopyPath path = choice.next(kAllReduce, kMiB);
+      const double seconds[] = {slots, streamed, address};
+      choice.record(kAllReduce, kMiB, path, seconds[static_cast<size_t>(path)]);
+      taken += "STA"[static_cast<size_t>(path)];
+    }
   };
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Address);  // the first op: cold, not timed
-  EXPECT_EQ(choice.secondsPerByte(kAllReduce, kMiB, CopyPath::Address), 0);
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Address);
-  // The trials: slots (the class moves there: half the time), then the
-  // streamed slots, slower than the slots.
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Slots);
-  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::StreamedSlots);
-  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
+  // The guess twice (the first untimed), slots twice (the second timed:
+  // twice as fast, the class moves there), streamed twice (slower than
+  // slots), then slots.
+  run(1);
+  EXPECT_EQ(choice.secondsPerByte(kAllReduce, kMiB, A), 0);
+  run(7);
+  EXPECT_EQ(taken, "AASSTTSS");
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), S);
+  EXPECT_NEAR(choice.secondsPerByte(kAllReduce, kMiB, T), 100e-6 / kMiB, 1e-15);
   // The same size in place, and the next size up, have not moved.
-  EXPECT_EQ(choice.chosen(kInPlace, kMiB), CopyPath::Address);
-  EXPECT_EQ(choice.chosen(kAllReduce, 2 * kMiB), CopyPath::Address);
+  EXPECT_EQ(choice.chosen(kInPlace, kMiB), A);
+  EXPECT_EQ(choice.chosen(kAllReduce, 2 * kMiB), A);
 
-  // Slots stay while they are fastest; the next trial comes kTrialPeriod
-  // ops after the first.
-  int others = 0;
-  for (uint64_t op = 4; op < CopyChoice::kFirstTrial + CopyChoice::kTrialPeriod; ++op)
-    others += run(kAllReduce, kMiB) != CopyPath::Slots;
-  EXPECT_EQ(others, 0);
-  EXPECT_NE(run(kAllReduce, kMiB), CopyPath::Slots);
-  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::Slots);
+  // Slots stay while they are fastest; the next trial (streamed, twice)
+  // starts kTrialPeriod ops after the first.
+  taken.clear();
+  run(static_cast<int>(CopyChoice::kTrialPeriod) - 6);
+  EXPECT_EQ(taken, std::string(CopyChoice::kTrialPeriod - 6, 'S'));
+  taken.clear();
+  run(3);
+  EXPECT_EQ(taken, "TTS");
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), S);
 
   // Slots slow down to 480 us (the cores no longer share a cache): the
   // first such op brings their average above the others' last times, and
   // the class goes to the fastest of those at once, without a trial.
   slots = 480e-6;
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::Slots);
-  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), CopyPath::StreamedSlots);
-  EXPECT_EQ(run(kAllReduce, kMiB), CopyPath::StreamedSlots);
+  taken.clear();
+  run(2);
+  EXPECT_EQ(taken, "ST");
+  EXPECT_EQ(choice.chosen(kAllReduce, kMiB), T);
 
   // Within the margin (streamed 5% faster than slots) a class stays; with
   // no addresses its trials only ever stream.
   CopyChoice close(false, 0);
   for (int op = 0; op < 3 + static_cast<int>(CopyChoice::kTrialPeriod); ++op) {
     const CopyPath path = close.next(kAllReduce, kMiB);
-    EXPECT_NE(path, CopyPath::Address);
-    close.record(kAllReduce, kMiB, path, path == CopyPath::StreamedSlots ? 95e-6 : 100e-6);
+    EXPECT_NE(path, A);
+    close.record(kAllReduce, kMiB, path, path == T ? 95e-6 : 100e-6);
   }
-  EXPECT_EQ(close.chosen(kAllReduce, kMiB), CopyPath::Slots);
+  EXPECT_EQ(close.chosen(kAllReduce, kMiB), S);
   // An op that failed or took no time tells nothing.
-  EXPECT_FALSE(close.record(kAllReduce, kMiB, CopyPath::StreamedSlots, 0));
+  close.next(kAllReduce, kMiB);
+  EXPECT_FALSE(close.record(kAllReduce, kMiB, T, 0));
 }
 
 // The fit: a memory link's per-byte ring-step time splits evenly between

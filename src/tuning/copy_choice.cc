@@ -49,19 +49,29 @@ CopyPath CopyChoice::next(unsigned kind, size_t bytes) {
   if (bytes < kSmallestOp) return CopyPath::Slots;
   Class& c = classOf(kind, bytes);
   const uint64_t op = c.ops++;
-  // Trials: the third and fourth ops (each path but the first guess once,
-  // where there are two), then every kTrialPeriod-th.
-  if (op == kFirstTrial || op == kFirstTrial + 1)
-    return trialPath(firstGuess(bytes), op - kFirstTrial);
-  if (op > kFirstTrial && (op - kFirstTrial) % kTrialPeriod == 0)
-    return trialPath(c.path, (op - kFirstTrial) / kTrialPeriod + 1);
+  c.timed = op > 0;  // (the class's first op: cold caches)
+  if (op < kFirstTrial) return c.path;
+  // Rounds of kTrialPeriod ops from kFirstTrial. A round starts with its
+  // trials, two ops each, of which only the second is timed: an op leaves
+  // the caches (the lines it lent or streamed) as its path does, and the
+  // next op pays for that. The first round tries each path but the first
+  // guess, the later ones one other path each, in turn. The op that comes
+  // back to the class's path is not timed either.
+  const uint64_t round = (op - kFirstTrial) / kTrialPeriod;
+  const uint64_t into = (op - kFirstTrial) % kTrialPeriod;
+  const uint64_t trials = round == 0 ? 2 : 1;
+  if (into < 2 * trials) {
+    c.timed = into % 2 == 1;
+    return round == 0 ? trialPath(firstGuess(bytes), into / 2) : trialPath(c.path, round + 1);
+  }
+  c.timed = into > 2 * trials;
   return c.path;
 }
 
 bool CopyChoice::record(unsigned kind, size_t bytes, CopyPath path, double seconds) {
   if (bytes < kSmallestOp || !(seconds > 0)) return false;
   Class& c = classOf(kind, bytes);
-  if (c.ops <= 1) return false;  // the class's first op: cold caches, tuner trials
+  if (!c.timed) return false;
   const double sample = seconds / static_cast<double>(bytes);
   double& mine = c.secondsPerByte[static_cast<size_t>(path)];
   // The path in use moves its average a quarter of the way; a trial of

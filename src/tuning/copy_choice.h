@@ -17,10 +17,11 @@
 // (core/calibrate.cc) only gives the first guess. After it, every op is
 // timed in its class: its kind (which the caller numbers: a collective, in
 // place or not) and its size to a power of two. The class keeps a moving
-// average of the seconds per byte of the path it uses; its third and
-// fourth ops try the paths other than the first guess (each once, where
-// there are two), and then every kTrialPeriod-th op tries another path, in
-// turn. The class moves to the path whose last time per byte is lowest
+// average of the seconds per byte of the path it uses. From its third op
+// it tries the paths other than the first guess, and then, every
+// kTrialPeriod ops, another path in turn; a trial takes two ops and times
+// the second, as an op pays for the state its predecessor's path left in
+// the caches. The class moves to the path whose last time per byte is lowest
 // where that is below kSwitchRatio of its own path's.
 //
 // Which ops try another path depends only on how many ops of the class
@@ -47,6 +48,7 @@ class CopyChoice {
   static constexpr size_t kSmallestOp = 128 * 1024;
   static constexpr size_t kSmallestPiece = 64 * 1024;
   static constexpr uint64_t kFirstTrial = 2;  // (the first op of a class is cold: not timed)
+  // (Each trial takes two ops, the first not timed.)
   static constexpr uint64_t kTrialPeriod = 64;
   static constexpr double kSwitchRatio = 0.9;
   // Kinds of op: 0 to kKinds - 1.
@@ -78,7 +80,8 @@ class CopyChoice {
 
  private:
   struct Class {
-    uint64_t ops = 0;  // counted by next()
+    uint64_t ops = 0;    // counted by next()
+    bool timed = false;  // whether next() said to time the op it counted last
     CopyPath path = CopyPath::Slots;
     double secondsPerByte[kCopyPaths] = {0, 0, 0};  // by path; 0: not timed yet
   };
