@@ -442,7 +442,6 @@ bool Executor::leaveSharedCpu(Clock::time_point now, int peer) {
   nextLeave_ = now + kLeaveInterval;
   const int left = leaveCpu();
   if (left < 0) return false;
-  ++cpusLeft_;
   BRAID_DEBUG(Exec, "rank %d ran on CPU %d with rank %d: moved to CPU %d", rank_, left, peer,
               ::sched_getcpu());
   return true;

@@ -140,9 +140,6 @@ class Executor {
   uint64_t piecesSentByReference() const { return piecesSentByReference_; }
   uint64_t piecesSentByAddress() const { return piecesSentByAddress_; }
   uint64_t piecesStreamedToSlots() const { return piecesStreamedToSlots_; }
-  // How many times this rank moved to another CPU because a peer ran on
-  // its own (leaveSharedCpu).
-  uint64_t cpusLeft() const { return cpusLeft_; }
   // After run() threw: the rank to blame (the peer that failed, or the one a
   // closing peer blamed, or the one waited for at a timeout); -1 if unknown.
   int blamedRank() const { return blamed_; }
@@ -261,7 +258,6 @@ class Executor {
   uint64_t piecesSentByReference_ = 0;
   uint64_t piecesSentByAddress_ = 0;
   uint64_t piecesStreamedToSlots_ = 0;
-  uint64_t cpusLeft_ = 0;
   Clock::time_point nextLeave_{};  // leaveSharedCpu() waits until then
   size_t addressFrom_ = 0;
   bool streamSlots_ = false;
