@@ -110,8 +110,9 @@ class Connection {
   // Copies `bytes` from `from`, an address in the peer's process that the
   // message peekRecv() returned names (its data, or past it within its
   // bytes), to `to` here. Returns false when the peer's process is gone
-  // (peerClosed() then says so too); throws Error(Internal) when it named
-  // memory it does not have.
+  // or the peer gave up, which frees what it lent (peerClosed() then says
+  // so too); throws Error(Internal) when a live peer named memory it does
+  // not have.
   virtual bool readRemote(std::byte* to, const std::byte* from, size_t bytes) {
     (void)to, (void)from, (void)bytes;
     return false;

@@ -378,6 +378,10 @@ class ShmConnection final : public Connection {
           dead_ = true;
           return false;
         }
+        // A peer that gave up or is exiting frees what it lent (it gives
+        // up before its failed op's buffers go): its failure, not ours.
+        checkAlive();
+        if (peerClosed()) return false;
         throw Error(error == EFAULT ? ErrorCode::Internal : ErrorCode::SystemError,
                     format("shm: cannot read %zu bytes of rank %d's memory by address: %s", bytes,
                            peer_, std::strerror(error)));
