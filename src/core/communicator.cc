@@ -4,6 +4,7 @@
 #include "braid/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -162,13 +163,20 @@ void placeOn(PendingOp& op, bool onDevice, const Stream& stream) {
 }
 
 thread_local detail::CallAlgorithm tCallAlgorithm;
+// Scopes open on any thread. Most calls are made outside every scope, and
+// this count spares them the thread-local look-up (a call into the dynamic
+// loader's TLS code from a shared library): a thread that opened a scope
+// counted it itself, so it always sees its own.
+std::atomic<int> gOpenScopes{0};
 
 PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const char* name,
                        const algo::Shape& shape, DataType type, const void* input, void* output,
                        Stream stream, bool onDevice) {
   PendingOp op;
-  op.preference = tCallAlgorithm.preference;
-  op.forcePreference = tCallAlgorithm.force;
+  if (gOpenScopes.load(std::memory_order_relaxed) != 0) {
+    op.preference = tCallAlgorithm.preference;
+    op.forcePreference = tCallAlgorithm.force;
+  }
   op.kind = collective;
   op.info.name = name;
   op.info.seq = impl.nextCollectiveSeq();
@@ -187,9 +195,14 @@ PendingOp collectiveOp(Communicator::Impl& impl, Collective collective, const ch
 namespace detail {
 
 CallAlgorithmScope::CallAlgorithmScope(CallAlgorithm selection)
-    : previous_(std::exchange(tCallAlgorithm, std::move(selection))) {}
+    : previous_(std::exchange(tCallAlgorithm, std::move(selection))) {
+  gOpenScopes.fetch_add(1, std::memory_order_relaxed);
+}
 
-CallAlgorithmScope::~CallAlgorithmScope() { tCallAlgorithm = std::move(previous_); }
+CallAlgorithmScope::~CallAlgorithmScope() {
+  tCallAlgorithm = std::move(previous_);
+  gOpenScopes.fetch_sub(1, std::memory_order_relaxed);
+}
 
 }  // namespace detail
 
