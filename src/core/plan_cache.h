@@ -84,10 +84,13 @@ class PlanCache {
     size_t alignElems;
     size_t elemSize;
     bool mapped;
+    // Without branches: a repeated op compares every field anyway.
     bool operator==(const Key& other) const {
-      return collective == other.collective && root == other.root && peer == other.peer &&
-             count == other.count && chunkElems == other.chunkElems &&
-             alignElems == other.alignElems && elemSize == other.elemSize && mapped == other.mapped;
+      return ((static_cast<uint64_t>(collective) ^ static_cast<uint64_t>(other.collective)) |
+              static_cast<uint32_t>(root ^ other.root) | static_cast<uint32_t>(peer ^ other.peer) |
+              (count ^ other.count) | (chunkElems ^ other.chunkElems) |
+              (alignElems ^ other.alignElems) | (elemSize ^ other.elemSize) |
+              static_cast<uint64_t>(mapped != other.mapped)) == 0;
     }
   };
   struct KeyHash {
