@@ -40,6 +40,11 @@
 #   NRANKS       ranks (default 2)
 #   MINBYTES MAXBYTES FACTOR   sizes (default 8, 64M, 2)
 #   ITERS WARMUP timed and warm-up calls per size (default 20, 5)
+#   SMALL_ITERS  timed calls per size up to 64 KiB (default 2000): a mean
+#                over 20 calls of well under a microsecond is mostly the
+#                noise of the moment. Every program then runs twice per
+#                round, its sizes up to 64 KiB with SMALL_ITERS and the
+#                larger ones with ITERS; SMALL_ITERS=$ITERS runs once.
 #   BRAID_MEMALLOC  1: also braid with buffers from braid::memAlloc (braid-perf
 #                -R 1), which same-host peers read in place, as an extra
 #                column (default 0)
@@ -92,6 +97,7 @@ MINBYTES=${MINBYTES:-8}
 MAXBYTES=${MAXBYTES:-64M}
 FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-20}
+SMALL_ITERS=${SMALL_ITERS:-2000}
 WARMUP=${WARMUP:-5}
 GLOO_ALGOS=${GLOO_ALGOS:-default ring ring-legacy halving-doubling}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
@@ -145,7 +151,35 @@ fi
 launch=("$BRAID_BIN/braid-run" -n "$NRANKS")
 [ "$HOSTS" -gt 0 ] && launch=("${netns[@]}")
 
+# bytes SIZE: SIZE (4096, 64K, 16M, 1G, as the programs read it) in bytes.
+bytes() {
+  local text=${1^^}
+  text=${text%IB}
+  text=${text%B}
+  case $text in
+    *K) echo $((${text%K} << 10)) ;;
+    *M) echo $((${text%M} << 20)) ;;
+    *G) echo $((${text%G} << 30)) ;;
+    *) echo $((text)) ;;
+  esac
+}
+# The sizes, split where the small ones end (64 KiB, the latency range).
 sizes=(-b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
+small_sizes=() large_sizes=()
+if [ "$SMALL_ITERS" != "$ITERS" ]; then
+  last_small=0 size=$(bytes "$MINBYTES") max=$(bytes "$MAXBYTES")
+  while [ "$size" -le "$max" ] && [ "$size" -le 65536 ]; do
+    last_small=$size
+    size=$((size * FACTOR))
+  done
+  if [ "$last_small" -gt 0 ]; then
+    small_sizes=(-b "$MINBYTES" -e "$last_small" -f "$FACTOR" -n "$SMALL_ITERS" -w "$WARMUP")
+    [ "$size" -le "$max" ] &&
+      large_sizes=(-b "$size" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
+  else
+    large_sizes=("${sizes[@]}")
+  fi
+fi
 manifest=$out/runs.tsv    # label, json, status, command: one line per run
 : >"$manifest"
 skipped=()
@@ -207,34 +241,48 @@ cpu_busy() {
 }
 
 # The all-reduce jobs: a label, a file name, and the command (shell-quoted)
-# without its -J. Each round runs every job once, in this order, so that a
-# passing load falls on all alike; the tables show each size's median round.
+# without its sizes and -J. Each round runs every job once, in this order,
+# so that a passing load falls on all alike; the tables show each size's
+# median round. A job whose sizes are split runs as two, NAME-small first.
 job_labels=()
 job_names=()
 job_commands=()
 job() {
   local label=$1 name=$2
   shift 2
-  job_labels+=("$label")
-  job_names+=("$name")
-  job_commands+=("$(printf '%q ' "$@")")
+  if [ ${#small_sizes[@]} -eq 0 ] && [ ${#large_sizes[@]} -eq 0 ]; then
+    job_labels+=("$label")
+    job_names+=("$name")
+    job_commands+=("$(printf '%q ' "$@" "${sizes[@]}")")
+    return
+  fi
+  if [ ${#small_sizes[@]} -gt 0 ]; then
+    job_labels+=("$label")
+    job_names+=("$name-small")
+    job_commands+=("$(printf '%q ' "$@" "${small_sizes[@]}")")
+  fi
+  if [ ${#large_sizes[@]} -gt 0 ]; then
+    job_labels+=("$label")
+    job_names+=("$name")
+    job_commands+=("$(printf '%q ' "$@" "${large_sizes[@]}")")
+  fi
 }
 
-job braid braid "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+job braid braid "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce
 if [ "${BRAID_MEMALLOC:-0}" = 1 ]; then
   job "braid memAlloc" braid-memalloc "${launch[@]}" "$BRAID_BIN/braid-perf" \
-    allreduce -R 1 "${sizes[@]}"
+    allreduce -R 1
 fi
 for transport in $BRAID_ALSO; do
   # Across namespace hosts shm stays within each host.
   chosen=$transport
   [ "$HOSTS" -gt 0 ] && [ "$transport" != shm ] && chosen="shm,$transport"
   job "braid $transport" "braid-$transport" env BRAID_TRANSPORT="$chosen" \
-    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce
 done
 for algo in $BRAID_ALGOS; do
   job "braid $algo" "braid-$algo" env BRAID_ALGO="$algo" \
-    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce "${sizes[@]}"
+    "${launch[@]}" "$BRAID_BIN/braid-perf" allreduce
 done
 
 # Open MPI: its default transports, then shared memory only (across
@@ -259,12 +307,12 @@ elif [ "$HOSTS" -gt 0 ]; then
     -np "$NRANKS" --host "$ompi_hosts" --bind-to none "${ompi_yield[@]}" \
     --mca plm_rsh_agent "$hosts_sh" \
     --mca plm_rsh_args rsh --mca pml ob1 --mca btl "$ompi_btl" --mca btl_tcp_if_include eth0 \
-    --mca oob_tcp_if_include eth0 "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
+    --mca oob_tcp_if_include eth0 "$PEERS_BIN/peer-ompi-allreduce"
 else
   ompi=(mpirun.openmpi "${ompi_root[@]}" -np "$NRANKS" --oversubscribe --bind-to none)
-  job "Open MPI" ompi "${ompi[@]}" "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
+  job "Open MPI" ompi "${ompi[@]}" "$PEERS_BIN/peer-ompi-allreduce"
   job "Open MPI vader" ompi-vader "${ompi[@]}" --mca btl self,vader \
-    "$PEERS_BIN/peer-ompi-allreduce" "${sizes[@]}"
+    "$PEERS_BIN/peer-ompi-allreduce"
 fi
 
 # MPICH, through its Hydra launcher.
@@ -275,7 +323,7 @@ elif [ ! -x "$PEERS_BIN/peer-mpich-allreduce" ]; then
 elif ! command -v mpiexec.mpich >/dev/null 2>&1; then
   skip MPICH "no mpiexec.mpich (mpich)"
 else
-  job MPICH mpich mpiexec.mpich -n "$NRANKS" "$PEERS_BIN/peer-mpich-allreduce" "${sizes[@]}"
+  job MPICH mpich mpiexec.mpich -n "$NRANKS" "$PEERS_BIN/peer-mpich-allreduce"
 fi
 
 # Gloo, started by braid-run (which hands out the ranks), one job per variant.
@@ -284,7 +332,7 @@ if [ ! -x "$PEERS_BIN/peer-gloo-allreduce" ]; then
 else
   for algo in $GLOO_ALGOS; do
     job "Gloo $algo" "gloo-$algo" env BRAID_UNIQUE_ID="gloo-$algo-$$" "${launch[@]}" \
-      "$PEERS_BIN/peer-gloo-allreduce" -A "$algo" "${sizes[@]}"
+      "$PEERS_BIN/peer-gloo-allreduce" -A "$algo"
   done
 fi
 
@@ -353,6 +401,8 @@ fi
   echo "busy_after=$busy_after"
   echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "nranks=$NRANKS"
+  echo "iters=$ITERS"
+  echo "small_iters=${small_sizes[*]:+$SMALL_ITERS}"
   echo "hosts=$HOSTS"
 } >"$out/machine.txt"
 
@@ -455,7 +505,7 @@ for run in runs:
     group, variant = ("Gloo", label.split(" ", 1)[1]) if label.startswith("Gloo ") else (label, "")
     name = run["name"]
     round_no = int(name.rsplit(".r", 1)[1]) if ".r" in name else 1
-    rounds[label] = rounds.get(label, 0) + 1
+    rounds.setdefault(label, set()).add(round_no)
     libraries.setdefault(group, doc.get("library", "").split(" (")[0])
     by_size = samples.setdefault(group, {})
     for size, (t, _) in series(doc).items():
@@ -491,16 +541,18 @@ braid = next((points for label, points, _ in impls if label == "braid"), {})
 peers = [(label, points) for label, points, _ in impls if not label.startswith("braid")]
 sizes = sorted(braid)
 
+calls = (f" over {machine['small_iters']} calls up to {human(SMALL)} and {machine['iters']} above"
+         if machine.get("small_iters") else f" over {machine.get('iters', '?')} calls")
 lines = []
 hosts = int(machine.get("hosts", "0") or 0)
 where = (f"{hosts} namespace hosts of {int(machine.get('nranks', 0)) // hosts} ranks"
          if hosts else "one host")
 lines.append(f"# braid vs peers: all-reduce, float32 sum, {machine.get('nranks')} ranks, {where}\n")
 lines.append(
-    "Out-of-place; time = mean µs per call after warm-up, the slowest rank's; "
+    f"Out-of-place; time = mean µs per call after warm-up{calls}, the slowest rank's; "
     "busbw = size / time × 2(n−1)/n in GB/s (1 GB = 1e9 B), as braid-perf and nccl-tests. "
     "Every run verified its results (any wrong element fails the run). "
-    f"Each size shows the median of {max(rounds.values(), default=0)} round(s), run "
+    f"Each size shows the median of {max(map(len, rounds.values()), default=0)} round(s), run "
     "interleaved (every implementation once per round); ±: half the range of the "
     "rounds' times, as a share of the median.\n")
 head = ["size"]
@@ -514,7 +566,7 @@ for size in sizes:
     for _, points, _ in impls:
         t, bw, spread = points.get(size, (None, None, None))
         cell = fmt_time(t)
-        if t is not None and max(rounds.values(), default=0) > 1:
+        if t is not None and max(map(len, rounds.values()), default=0) > 1:
             cell += f" ±{100 * spread:.0f}%"
         row += [cell, fmt(bw)]
     candidates = [(points[size][0], label) for label, points in peers if size in points]
