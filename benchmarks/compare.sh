@@ -42,9 +42,11 @@
 #   ITERS WARMUP timed and warm-up calls per size (default 20, 5)
 #   SMALL_ITERS  timed calls per size up to 64 KiB (default 2000): a mean
 #                over 20 calls of well under a microsecond is mostly the
-#                noise of the moment. Every program then runs twice per
-#                round, its sizes up to 64 KiB with SMALL_ITERS and the
-#                larger ones with ITERS; SMALL_ITERS=$ITERS runs once.
+#                noise of the moment. Every program but Gloo then runs twice
+#                per round, its sizes up to 64 KiB with SMALL_ITERS and the
+#                larger ones with ITERS; SMALL_ITERS=$ITERS runs once. (Gloo
+#                takes 80 us and more per call here, and milliseconds at
+#                some sizes: it keeps ITERS.)
 #   BRAID_MEMALLOC  1: also braid with buffers from braid::memAlloc (braid-perf
 #                -R 1), which same-host peers read in place, as an extra
 #                column (default 0)
@@ -243,14 +245,15 @@ cpu_busy() {
 # The all-reduce jobs: a label, a file name, and the command (shell-quoted)
 # without its sizes and -J. Each round runs every job once, in this order,
 # so that a passing load falls on all alike; the tables show each size's
-# median round. A job whose sizes are split runs as two, NAME-small first.
+# median round. A job whose sizes are split runs as two, NAME-small first;
+# with JOB_SPLIT=0, one run takes every size with ITERS.
 job_labels=()
 job_names=()
 job_commands=()
 job() {
   local label=$1 name=$2
   shift 2
-  if [ ${#small_sizes[@]} -eq 0 ] && [ ${#large_sizes[@]} -eq 0 ]; then
+  if [ "${JOB_SPLIT:-1}" = 0 ] || { [ ${#small_sizes[@]} -eq 0 ] && [ ${#large_sizes[@]} -eq 0 ]; }; then
     job_labels+=("$label")
     job_names+=("$name")
     job_commands+=("$(printf '%q ' "$@" "${sizes[@]}")")
@@ -331,7 +334,7 @@ if [ ! -x "$PEERS_BIN/peer-gloo-allreduce" ]; then
   skip Gloo "no $PEERS_BIN/peer-gloo-allreduce (libgloo-dev missing at configure time?)"
 else
   for algo in $GLOO_ALGOS; do
-    job "Gloo $algo" "gloo-$algo" env BRAID_UNIQUE_ID="gloo-$algo-$$" "${launch[@]}" \
+    JOB_SPLIT=0 job "Gloo $algo" "gloo-$algo" env BRAID_UNIQUE_ID="gloo-$algo-$$" "${launch[@]}" \
       "$PEERS_BIN/peer-gloo-allreduce" -A "$algo"
   done
 fi
@@ -541,7 +544,8 @@ braid = next((points for label, points, _ in impls if label == "braid"), {})
 peers = [(label, points) for label, points, _ in impls if not label.startswith("braid")]
 sizes = sorted(braid)
 
-calls = (f" over {machine['small_iters']} calls up to {human(SMALL)} and {machine['iters']} above"
+calls = (f" over {machine['small_iters']} calls up to {human(SMALL)} and {machine['iters']} above "
+         f"(Gloo: {machine['iters']} at every size)"
          if machine.get("small_iters") else f" over {machine.get('iters', '?')} calls")
 lines = []
 hosts = int(machine.get("hosts", "0") or 0)
