@@ -16,6 +16,7 @@
 
 #include "algorithms/catalog.h"
 #include "algorithms/simulate.h"
+#include "core/plan_cache.h"
 #include "tuning/algo_choice.h"
 #include "tuning/calibration.h"
 #include "tuning/copy_choice.h"
@@ -349,6 +350,50 @@ TEST(Plans, ReceivedBytesCostTheCopyBandwidth) {
   // place and each of the 3 it receives out: 4 copies more, ~2.3x.
   EXPECT_GT(copied / free, 2.0);
   EXPECT_LT(copied / free, 2.6);
+}
+
+// The plan cache hands a repeated shape the plan it made for it, and a
+// shape that differs in any one field of its key a plan of its own; the
+// shape it had before is found again after each.
+TEST(Plans, TheCacheTellsShapesApartByEveryFieldOfTheirKey) {
+  PlanCache cache(4096, tuning::AlgoPreference{});
+  Shape base;
+  base.nranks = 4;
+  base.rank = 1;
+  base.count = 1000;
+  base.chunkElems = 256;
+  base.elemSize = 4;
+  const std::shared_ptr<const Plan> first = cache.get(Collective::AllReduce, base);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(cache.get(Collective::AllReduce, base), first);
+  struct Variant {
+    const char* field;
+    Collective collective;
+    Shape shape;
+  };
+  std::vector<Variant> variants;
+  auto vary = [&](const char* field, auto change, Collective c = Collective::AllReduce) {
+    Shape shape = base;
+    change(shape);
+    variants.push_back({field, c, shape});
+  };
+  vary(
+      "collective", [](Shape&) {}, Collective::Broadcast);
+  vary("root", [](Shape& s) { s.root = 2; });
+  vary("peer", [](Shape& s) { s.peer = 3; });
+  vary("count", [](Shape& s) { s.count = 1001; });
+  vary("chunkElems", [](Shape& s) { s.chunkElems = 128; });
+  vary("alignElems", [](Shape& s) { s.alignElems = 2; });
+  vary("elemSize", [](Shape& s) { s.elemSize = 8; });
+  vary("mapped", [](Shape& s) { s.mapped = true; });
+  std::vector<std::shared_ptr<const Plan>> seen{first};
+  for (const Variant& v : variants) {
+    const std::shared_ptr<const Plan> plan = cache.get(v.collective, v.shape);
+    for (const auto& other : seen) EXPECT_NE(plan, other) << v.field;
+    EXPECT_EQ(cache.get(v.collective, v.shape), plan) << v.field;
+    EXPECT_EQ(cache.get(Collective::AllReduce, base), first) << "after " << v.field;
+    seen.push_back(plan);
+  }
 }
 
 tuning::Probe memoryProbe(double hop, double step, double copy, double reduce) {
