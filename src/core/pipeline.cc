@@ -107,20 +107,20 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
       const Extents extents = extentsOf(ops[i], nranks);
       bytes = std::max({bytes, extents.inBytes, extents.outBytes});
     }
-  // Smaller ops take slots untimed: a clock read costs a good part of a
-  // small op.
-  const bool timed = copyChoice && bytes >= tuning::CopyChoice::kSmallestOp && count == 1 &&
-                     !ops[0].pointToPoint() && !ops[0].tunerTrial;
+  // Smaller ops take slots and read no clock: a clock read costs a good
+  // part of a small op.
+  const bool chooses = copyChoice && bytes >= tuning::CopyChoice::kSmallestOp;
+  const bool timed = chooses && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
   unsigned kind = 0;  // its collective, in place or not; a group's is its own
   tuning::CopyPath path = tuning::CopyPath::Slots;
+  if (chooses) {
+    const Extents first = extentsOf(ops[0], nranks);
+    kind = count > 1 ? tuning::CopyChoice::kKinds - 1
+                     : static_cast<unsigned>(ops[0].kind) * 2 +
+                           overlap(first.in, first.inBytes, first.out, first.outBytes);
+    path = timed ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
+  }
   if (copyChoice) {
-    if (bytes >= tuning::CopyChoice::kSmallestOp) {
-      const Extents first = extentsOf(ops[0], nranks);
-      kind = count > 1 ? tuning::CopyChoice::kKinds - 1
-                       : static_cast<unsigned>(ops[0].kind) * 2 +
-                             overlap(first.in, first.inBytes, first.out, first.outBytes);
-      path = timed ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
-    }
     executor->sendByAddressFrom(path == tuning::CopyPath::Address ? copyChoice->pieceFrom() : 0);
     executor->streamSlots(path == tuning::CopyPath::StreamedSlots);
   }
