@@ -544,9 +544,11 @@ braid = next((points for label, points, _ in impls if label == "braid"), {})
 peers = [(label, points) for label, points, _ in impls if not label.startswith("braid")]
 sizes = sorted(braid)
 
-calls = (f" over {machine['small_iters']} calls up to {human(SMALL)} and {machine['iters']} above "
-         f"(Gloo: {machine['iters']} at every size)"
-         if machine.get("small_iters") else f" over {machine.get('iters', '?')} calls")
+calls = f" over {machine.get('iters', '?')} calls"
+if machine.get("small_iters"):
+    calls = f" over {machine['small_iters']} calls up to {human(SMALL)} and {machine['iters']} above"
+    if "Gloo" in samples:
+        calls += f" (Gloo: {machine['iters']} at every size)"
 lines = []
 hosts = int(machine.get("hosts", "0") or 0)
 where = (f"{hosts} namespace hosts of {int(machine.get('nranks', 0)) // hosts} ranks"
