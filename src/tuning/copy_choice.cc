@@ -1,5 +1,8 @@
 #include "tuning/copy_choice.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace braid::tuning {
 
 const char* copyPathName(CopyPath path) {
@@ -74,9 +77,15 @@ bool CopyChoice::record(unsigned kind, size_t bytes, CopyPath path, double secon
   if (!c.timed) return false;
   const double sample = seconds / static_cast<double>(bytes);
   double& mine = c.secondsPerByte[static_cast<size_t>(path)];
-  // The path in use moves its average a quarter of the way; a trial of
-  // another is that path's only news, so it replaces what was known.
-  mine = mine == 0 || path != c.path ? sample : (3 * mine + sample) / 4;
+  if (path != c.path) {
+    mine = sample;  // a trial: the path's only news
+  } else {
+    if (mine == 0) std::fill(std::begin(c.recent), std::end(c.recent), sample);
+    c.newest = static_cast<uint8_t>((c.newest + 1) % 3);
+    c.recent[c.newest] = sample;
+    const double a = c.recent[0], b = c.recent[1], d = c.recent[2];
+    mine = std::max(std::min(a, b), std::min(std::max(a, b), d));  // their median
+  }
   const double current = c.secondsPerByte[static_cast<size_t>(c.path)];
   if (current == 0) return false;
   CopyPath best = c.path;
@@ -88,6 +97,7 @@ bool CopyChoice::record(unsigned kind, size_t bytes, CopyPath path, double secon
   }
   if (best == c.path) return false;
   c.path = best;
+  std::fill(std::begin(c.recent), std::end(c.recent), c.secondsPerByte[static_cast<size_t>(best)]);
   return true;
 }
 

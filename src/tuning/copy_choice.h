@@ -16,8 +16,10 @@
 // at 10 to 11 and addresses at 8.5 in both. Calibration at creation
 // (core/calibrate.cc) only gives the first guess. After it, every op is
 // timed in its class: its kind (which the caller numbers: a collective, in
-// place or not) and its size to a power of two. The class keeps a moving
-// average of the seconds per byte of the path it uses. From its third op
+// place or not) and its size to a power of two. The class keeps the
+// median of the last three seconds per byte of the path it uses (one op
+// that something else slowed, an interrupt or a page fault, moves nothing;
+// two in a row do), and the last one of the others. From its third op
 // it tries the paths other than the first guess, and then, every
 // kTrialPeriod ops, another path in turn; a trial takes two ops and times
 // the second, as an op pays for the state its predecessor's path left in
@@ -84,6 +86,8 @@ class CopyChoice {
     bool timed = false;  // whether next() said to time the op it counted last
     CopyPath path = CopyPath::Slots;
     double secondsPerByte[kCopyPaths] = {0, 0, 0};  // by path; 0: not timed yet
+    double recent[3] = {0, 0, 0};                   // the last three times of `path`, per byte
+    uint8_t newest = 0;                             // recent's newest
   };
   static size_t sizeClass(size_t bytes);
   Class& classOf(unsigned kind, size_t bytes) { return classes_[kind % kKinds][sizeClass(bytes)]; }
