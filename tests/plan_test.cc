@@ -532,6 +532,45 @@ TEST(Tuning, CopyChoiceTriesTheOtherPathsAndFollowsTheFastest) {
   EXPECT_FALSE(close.record(kAllReduce, kMiB, T, 0));
 }
 
+// From 4 KiB to 128 KiB a class chooses between the two slot paths only
+// (its pieces are too small to lend), times one op in eight of its own
+// path besides its trials, and tries the other path less often the
+// smaller it is.
+TEST(Tuning, CopyChoiceOfSmallOpsTimesASampleAndNeverTriesAddresses) {
+  using tuning::CopyChoice;
+  using tuning::CopyPath;
+  constexpr size_t kSize = 16 * 1024;
+  CopyChoice choice(true, 4 * 1024);  // calibration: by address from 4 KiB
+  EXPECT_EQ(choice.next(0, CopyChoice::kSmallestOp / 2), CopyPath::Slots);
+  EXPECT_FALSE(choice.timesLast(0, CopyChoice::kSmallestOp / 2));
+  EXPECT_EQ(choice.chosen(0, kSize), CopyPath::Slots);
+  const uint64_t period = CopyChoice::trialPeriod(kSize);
+  EXPECT_EQ(period, CopyChoice::kTrialPeriod * 8);
+  EXPECT_EQ(CopyChoice::trialPeriod(CopyChoice::kSparseBelow), CopyChoice::kTrialPeriod);
+
+  // Streamed slots take half the time of plain ones.
+  std::string taken, timed;
+  for (uint64_t op = 0; op < CopyChoice::kFirstTrial + 2 * period; ++op) {
+    const CopyPath path = choice.next(0, kSize);
+    taken += "STA"[static_cast<size_t>(path)];
+    timed += choice.timesLast(0, kSize) ? 't' : '.';
+    choice.record(0, kSize, path, path == CopyPath::StreamedSlots ? 5e-6 : 10e-6);
+  }
+  EXPECT_EQ(taken.find('A'), std::string::npos);
+  // The guess (slots) twice, the second timed; the trial of streamed slots,
+  // the second timed, and the class moves there; it comes back untimed,
+  // then times every eighth op.
+  EXPECT_EQ(taken.substr(0, 6), "SSTTTT");
+  EXPECT_EQ(timed.substr(0, 14), ".t.t.t.......t");
+  // The next round tries slots once (two ops) and stays.
+  const size_t second = CopyChoice::kFirstTrial + period;
+  EXPECT_EQ(taken.substr(second - 1, 4), "TSST");
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 'S'), 4);
+  EXPECT_EQ(std::count(timed.begin() + second, timed.end(), 't'),
+            1 + static_cast<long>(period / CopyChoice::kSampleEvery));
+  EXPECT_EQ(choice.chosen(0, kSize), CopyPath::StreamedSlots);
+}
+
 // The fit: a memory link's per-byte ring-step time splits evenly between
 // the sender's and the receiver's copy; a network link keeps local copies at
 // their local speed; medians resist one slow rank; bad probes fall back.

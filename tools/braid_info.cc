@@ -282,10 +282,10 @@ int printPeers() {
   const size_t from = braid::detail::addressFrom(comm);
   std::string sizes =
       from == 0 ? std::string("never") : "from " + std::to_string(from / 1024) + " KiB";
-  // (Measured: the first guess; ops of 128 KiB and more choose again as
+  // (Measured: the first guess; ops of 4 KiB and more choose again as
   // they run, tuning/copy_choice.h.)
   if (braid::detail::copyPathAdapts(comm))
-    sizes += " at first; ops of 128 KiB and up time 3 copy paths as they run";
+    sizes += " at first; ops of 4 KiB and up time their copy paths as they run";
   std::vector<std::string> addressFrom = gatherText(comm, {sizes}, kCopyWidth + 32);
   bool anyAddress = false;
   for (const std::string& paths : copyMatrix)

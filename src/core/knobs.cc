@@ -140,9 +140,9 @@ const std::vector<KnobInfo>& knobTable() {
        "pieces of at least this size travel between processes of one host in one copy: the "
        "receiver reads them where they lie in the sender (process_vm_readv, where the ptrace "
        "policy allows it) instead of through slots; auto: from the size at which that was "
-       "measured faster at creation, and then ops of 128 KiB and more time slots, slots written "
-       "with streaming stores and addresses now and then and take the fastest; a size fixes it "
-       "(0: never, slots only)",
+       "measured faster at creation, and then ops of 4 KiB and more time slots and slots "
+       "written with streaming stores (from 128 KiB addresses too) now and then and take the "
+       "fastest; a size fixes it (0: never, slots only)",
        nullptr},
       {"BRAID_STREAM_BYTES", "bytes", "auto",
        "host ops whose output is at least this big write it with streaming stores, past the "

@@ -108,9 +108,10 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
       bytes = std::max({bytes, extents.inBytes, extents.outBytes});
     }
   // Smaller ops take slots and read no clock: a clock read costs a good
-  // part of a small op.
+  // part of a small op. Of the others, those the choice counts read it
+  // when it says so.
   const bool chooses = copyChoice && bytes >= tuning::CopyChoice::kSmallestOp;
-  const bool timed = chooses && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
+  const bool counted = chooses && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
   unsigned kind = 0;  // its collective, in place or not; a group's is its own
   tuning::CopyPath path = tuning::CopyPath::Slots;
   if (chooses) {
@@ -118,8 +119,9 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     kind = count > 1 ? tuning::CopyChoice::kKinds - 1
                      : static_cast<unsigned>(ops[0].kind) * 2 +
                            overlap(first.in, first.inBytes, first.out, first.outBytes);
-    path = timed ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
+    path = counted ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
   }
+  const bool timed = counted && copyChoice->timesLast(kind, bytes);
   if (copyChoice) {
     executor->sendByAddressFrom(path == tuning::CopyPath::Address ? copyChoice->pieceFrom() : 0);
     executor->streamSlots(path == tuning::CopyPath::StreamedSlots);

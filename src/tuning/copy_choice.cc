@@ -24,8 +24,10 @@ CopyChoice::CopyChoice(bool addresses, size_t addressFrom)
 }
 
 CopyPath CopyChoice::firstGuess(size_t bytes) const {
-  return addressFrom_ != 0 && sizeClass(bytes) >= sizeClass(addressFrom_) ? CopyPath::Address
-                                                                          : CopyPath::Slots;
+  return addressFrom_ != 0 && bytes >= kSmallestAddressOp &&
+                 sizeClass(bytes) >= sizeClass(addressFrom_)
+             ? CopyPath::Address
+             : CopyPath::Slots;
 }
 
 size_t CopyChoice::sizeClass(size_t bytes) {
@@ -38,12 +40,13 @@ CopyPath CopyChoice::chosen(unsigned kind, size_t bytes) const {
   return bytes >= kSmallestOp ? classes_[kind % kKinds][sizeClass(bytes)].path : CopyPath::Slots;
 }
 
-CopyPath CopyChoice::trialPath(CopyPath path, uint64_t trial) const {
+CopyPath CopyChoice::trialPath(CopyPath path, uint64_t trial, size_t bytes) const {
+  const bool addresses = addresses_ && bytes >= kSmallestAddressOp;
   CopyPath others[kCopyPaths - 1];
   size_t count = 0;
   for (size_t p = 0; p < kCopyPaths; ++p)
     if (static_cast<CopyPath>(p) != path &&
-        (addresses_ || static_cast<CopyPath>(p) != CopyPath::Address))
+        (addresses || static_cast<CopyPath>(p) != CopyPath::Address))
       others[count++] = static_cast<CopyPath>(p);
   return others[trial % count];
 }
@@ -54,20 +57,24 @@ CopyPath CopyChoice::next(unsigned kind, size_t bytes) {
   const uint64_t op = c.ops++;
   c.timed = op > 0;  // (the class's first op: cold caches)
   if (op < kFirstTrial) return c.path;
-  // Rounds of kTrialPeriod ops from kFirstTrial. A round starts with its
+  // Rounds of trialPeriod() ops from kFirstTrial. A round starts with its
   // trials, two ops each, of which only the second is timed: an op leaves
   // the caches (the lines it lent or streamed) as its path does, and the
   // next op pays for that. The first round tries each path but the first
   // guess, the later ones one other path each, in turn. The op that comes
   // back to the class's path is not timed either.
-  const uint64_t round = (op - kFirstTrial) / kTrialPeriod;
-  const uint64_t into = (op - kFirstTrial) % kTrialPeriod;
-  const uint64_t trials = round == 0 ? 2 : 1;
+  const uint64_t period = trialPeriod(bytes);
+  const uint64_t round = (op - kFirstTrial) / period;
+  const uint64_t into = (op - kFirstTrial) % period;
+  const bool addresses = addresses_ && bytes >= kSmallestAddressOp;
+  const uint64_t trials = round == 0 && addresses ? 2 : 1;
   if (into < 2 * trials) {
     c.timed = into % 2 == 1;
-    return round == 0 ? trialPath(firstGuess(bytes), into / 2) : trialPath(c.path, round + 1);
+    return round == 0 ? trialPath(firstGuess(bytes), into / 2, bytes)
+                      : trialPath(c.path, round + 1, bytes);
   }
-  c.timed = into > 2 * trials;
+  c.timed =
+      into > 2 * trials && (bytes >= kSparseBelow || (into - 2 * trials - 1) % kSampleEvery == 0);
   return c.path;
 }
 

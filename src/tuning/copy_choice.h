@@ -13,15 +13,16 @@
 // two do not share a cache, and a virtual machine's vCPUs move between
 // physical cores. On one VM a 1 MiB all-reduce ran at 17 to 18 GB/s
 // through slots in one spell and 2.1 in the next, when streamed slots ran
-// at 10 to 11 and addresses at 8.5 in both. Calibration at creation
-// (core/calibrate.cc) only gives the first guess. After it, every op is
-// timed in its class: its kind (which the caller numbers: a collective, in
+// at 10 to 11 and addresses at 8.5 in both; a 32 KiB one took 18 to 21 us
+// through slots in such a spell, 5 to 7 streamed. Calibration at creation
+// (core/calibrate.cc) only gives the first guess. After it, ops are timed
+// in their class: its kind (which the caller numbers: a collective, in
 // place or not) and its size to a power of two. The class keeps the
 // median of the last three seconds per byte of the path it uses (one op
 // that something else slowed, an interrupt or a page fault, moves nothing;
 // two in a row do), and the last one of the others. From its third op
 // it tries the paths other than the first guess, and then, every
-// kTrialPeriod ops, another path in turn; a trial takes two ops and times
+// trialPeriod() ops, another path in turn; a trial takes two ops and times
 // the second, as an op pays for the state its predecessor's path left in
 // the caches. The class moves to the path whose last time per byte is lowest
 // where that is below kSwitchRatio of its own path's.
@@ -33,6 +34,7 @@
 // between ranks: every path gives the same bytes, so that costs speed only.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -45,12 +47,22 @@ const char* copyPathName(CopyPath path);
 
 class CopyChoice {
  public:
-  // Ops of at least kSmallestOp bytes choose; smaller ones use slots. An
-  // op that sends by address sends so its pieces of at least pieceFrom().
-  static constexpr size_t kSmallestOp = 128 * 1024;
+  // Ops of at least kSmallestOp bytes choose; smaller ones use slots (at
+  // 2 KiB, choosing measured slower than slots alone in this VM's usual
+  // spells). Addresses are a choice from kSmallestAddressOp: an op that
+  // sends by address sends so its pieces of at least pieceFrom(), and a
+  // smaller op has none that big.
+  static constexpr size_t kSmallestOp = 4 * 1024;
+  static constexpr size_t kSmallestAddressOp = 128 * 1024;
   static constexpr size_t kSmallestPiece = 64 * 1024;
+  // A clock read or a trial weighs more in a small op, so classes below
+  // kSparseBelow time only one op in kSampleEvery of their own path (two
+  // clock reads are a tenth of a 4 KiB op), and try another path
+  // kSparseBelow / size times less often (trialPeriod).
+  static constexpr size_t kSparseBelow = 128 * 1024;
+  static constexpr uint64_t kSampleEvery = 8;
   static constexpr uint64_t kFirstTrial = 2;  // (the first op of a class is cold: not timed)
-  // (Each trial takes two ops, the first not timed.)
+  // (Each trial takes two ops, the first not timed.) From kSparseBelow:
   static constexpr uint64_t kTrialPeriod = 64;
   static constexpr double kSwitchRatio = 0.9;
   // Kinds of op: 0 to kKinds - 1.
@@ -64,6 +76,14 @@ class CopyChoice {
   // The path of the next op of `kind` and `bytes`. Counts the op: call it
   // once per op of its class, in the order ranks issue them.
   CopyPath next(unsigned kind, size_t bytes);
+  // The ops from one trial of a class of `bytes` to its next.
+  static uint64_t trialPeriod(size_t bytes) {
+    return kTrialPeriod * std::max<uint64_t>(1, kSparseBelow >> sizeClass(bytes));
+  }
+  // Whether the op next() just counted in that class is to be timed.
+  bool timesLast(unsigned kind, size_t bytes) const {
+    return bytes >= kSmallestOp && classes_[kind % kKinds][sizeClass(bytes)].timed;
+  }
   // That op, which next() gave `path`, took `seconds`. Returns whether that
   // made its class change paths.
   bool record(unsigned kind, size_t bytes, CopyPath path, double seconds);
@@ -91,9 +111,9 @@ class CopyChoice {
   };
   static size_t sizeClass(size_t bytes);
   Class& classOf(unsigned kind, size_t bytes) { return classes_[kind % kKinds][sizeClass(bytes)]; }
-  // The path of trial number `trial` in a class on `path`: the others in
-  // turn.
-  CopyPath trialPath(CopyPath path, uint64_t trial) const;
+  // The path of trial number `trial` in a class of `bytes` on `path`: the
+  // others in turn.
+  CopyPath trialPath(CopyPath path, uint64_t trial, size_t bytes) const;
   // The path a class of `bytes` starts on.
   CopyPath firstGuess(size_t bytes) const;
   bool addresses_;
