@@ -30,12 +30,6 @@ CopyPath CopyChoice::firstGuess(size_t bytes) const {
              : CopyPath::Slots;
 }
 
-size_t CopyChoice::sizeClass(size_t bytes) {
-  size_t c = 0;
-  while (bytes >>= 1) ++c;
-  return c;
-}
-
 CopyPath CopyChoice::chosen(unsigned kind, size_t bytes) const {
   return bytes >= kSmallestOp ? classes_[kind % kKinds][sizeClass(bytes)].path : CopyPath::Slots;
 }

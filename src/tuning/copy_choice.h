@@ -109,7 +109,9 @@ class CopyChoice {
     double recent[3] = {0, 0, 0};                   // the last three times of `path`, per byte
     uint8_t newest = 0;                             // recent's newest
   };
-  static size_t sizeClass(size_t bytes);
+  static size_t sizeClass(size_t bytes) {  // log2, rounded down
+    return bytes == 0 ? 0 : static_cast<size_t>(63 - __builtin_clzll(bytes));
+  }
   Class& classOf(unsigned kind, size_t bytes) { return classes_[kind % kKinds][sizeClass(bytes)]; }
   // The path of trial number `trial` in a class of `bytes` on `path`: the
   // others in turn.
