@@ -462,7 +462,7 @@ TEST(Tuning, CopyChoiceTriesTheOtherPathsAndFollowsTheFastest) {
   CopyChoice choice(true, 256 * 1024);  // calibration: by address from 256 KiB
   EXPECT_EQ(choice.chosen(kAllReduce, kMiB), A);
   EXPECT_EQ(choice.chosen(kAllReduce, 128 * 1024), S);
-  EXPECT_EQ(choice.next(kAllReduce, 64 * 1024), S);
+  EXPECT_EQ(choice.next(kAllReduce, CopyChoice::kSmallestOp / 2), S);
   EXPECT_EQ(choice.pieceFrom(), 256u * 1024);
   EXPECT_EQ(CopyChoice(true, 0).pieceFrom(), CopyChoice::kSmallestPiece);
 
@@ -550,7 +550,7 @@ TEST(Tuning, CopyChoiceOfSmallOpsTimesASampleAndNeverTriesAddresses) {
 
   // Streamed slots take half the time of plain ones.
   std::string taken, timed;
-  for (uint64_t op = 0; op < CopyChoice::kFirstTrial + 2 * period; ++op) {
+  for (uint64_t op = 0; op < CopyChoice::kFirstTrial + 3 * period; ++op) {
     const CopyPath path = choice.next(0, kSize);
     taken += "STA"[static_cast<size_t>(path)];
     timed += choice.timesLast(0, kSize) ? 't' : '.';
@@ -565,10 +565,21 @@ TEST(Tuning, CopyChoiceOfSmallOpsTimesASampleAndNeverTriesAddresses) {
   // The next round tries slots once (two ops) and stays.
   const size_t second = CopyChoice::kFirstTrial + period;
   EXPECT_EQ(taken.substr(second - 1, 4), "TSST");
-  EXPECT_EQ(std::count(taken.begin(), taken.end(), 'S'), 4);
-  EXPECT_EQ(std::count(timed.begin() + second, timed.end(), 't'),
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 'S'), 6);
+  EXPECT_EQ(std::count(timed.begin() + second, timed.begin() + second + period, 't'),
             1 + static_cast<long>(period / CopyChoice::kSampleEvery));
   EXPECT_EQ(choice.chosen(0, kSize), CopyPath::StreamedSlots);
+  // Addresses start at 128 KiB, as a first guess and as a trial.
+  EXPECT_EQ(choice.chosen(0, CopyChoice::kSmallestAddressOp - 1), CopyPath::Slots);
+  EXPECT_EQ(choice.chosen(0, CopyChoice::kSmallestAddressOp), CopyPath::Address);
+  // Ranks without addresses have their trials in the same ops as the others.
+  CopyChoice without(false, 0);
+  std::string mine;
+  for (uint64_t op = 0; op < CopyChoice::kFirstTrial + 5; ++op) {
+    const CopyPath path = without.next(0, CopyChoice::kSmallestAddressOp);
+    mine += "STA"[static_cast<size_t>(path)];
+  }
+  EXPECT_EQ(mine, "SSTTTTS");
 }
 
 // The fit: a memory link's per-byte ring-step time splits evenly between

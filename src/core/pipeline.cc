@@ -99,7 +99,7 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
                         !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
   }
-  // Large collectives choose how their pieces cross as they run (see
+  // Collectives from 4 KiB choose how their pieces cross as they run (see
   // tuning/copy_choice.h); the other ops take what their size chose.
   size_t bytes = 0;  // the largest buffer of the group
   if (copyChoice)

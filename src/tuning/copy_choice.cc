@@ -54,14 +54,17 @@ CopyPath CopyChoice::next(unsigned kind, size_t bytes) {
   // Rounds of trialPeriod() ops from kFirstTrial. A round starts with its
   // trials, two ops each, of which only the second is timed: an op leaves
   // the caches (the lines it lent or streamed) as its path does, and the
-  // next op pays for that. The first round tries each path but the first
-  // guess, the later ones one other path each, in turn. The op that comes
-  // back to the class's path is not timed either.
+  // next op pays for that. The first round has two trials from
+  // kSmallestAddressOp (each path but the first guess; a rank without
+  // addresses streams twice) and one below, the later rounds one other path
+  // each, in turn. How many depends on the size alone: every rank has its
+  // trials in the same ops. The op that comes back to the class's path is
+  // not timed either, and below kSparseBelow only one op in kSampleEvery
+  // after it is.
   const uint64_t period = trialPeriod(bytes);
   const uint64_t round = (op - kFirstTrial) / period;
   const uint64_t into = (op - kFirstTrial) % period;
-  const bool addresses = addresses_ && bytes >= kSmallestAddressOp;
-  const uint64_t trials = round == 0 && addresses ? 2 : 1;
+  const uint64_t trials = round == 0 && bytes >= kSmallestAddressOp ? 2 : 1;
   if (into < 2 * trials) {
     c.timed = into % 2 == 1;
     return round == 0 ? trialPath(firstGuess(bytes), into / 2, bytes)
@@ -76,6 +79,7 @@ bool CopyChoice::record(unsigned kind, size_t bytes, CopyPath path, double secon
   if (bytes < kSmallestOp || !(seconds > 0)) return false;
   Class& c = classOf(kind, bytes);
   if (!c.timed) return false;
+  c.timed = false;  // (one time per op counted)
   const double sample = seconds / static_cast<double>(bytes);
   double& mine = c.secondsPerByte[static_cast<size_t>(path)];
   if (path != c.path) {

@@ -1,4 +1,4 @@
-// How a large op's pieces cross to same-host peers, chosen op by op from
+// How an op's pieces cross to same-host peers, chosen op by op from
 // what recent ops of its kind and about its size took each way:
 // - Slots: the sender copies each piece into the peer's FIFO slot with
 //   ordinary stores, the receiver reads it from there (two copies, the
