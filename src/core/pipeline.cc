@@ -80,6 +80,8 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     many.resize(count);
     lanes = many.data();
   }
+  size_t bytes = 0;           // the largest buffer of the group
+  bool firstInPlace = false;  // whether ops[0]'s input and output overlap
   for (size_t i = 0; i < count; ++i) {
     const PendingOp& op = ops[i];
     exec::Lane& lane = lanes[i];
@@ -96,29 +98,22 @@ void Communicator::Impl::execute(PendingOp* ops, size_t count) {
     // In place, the output was read moments before it is written (the
     // plans send a part first, then receive into it): it is in the cache.
     const Extents extents = extentsOf(op, nranks);
-    lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes &&
-                        !overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
+    const bool inPlace = overlap(extents.in, extents.inBytes, extents.out, extents.outBytes);
+    lane.streamOutput = knobs.streamBytes != 0 && extents.outBytes >= knobs.streamBytes && !inPlace;
+    bytes = std::max({bytes, extents.inBytes, extents.outBytes});
+    if (i == 0) firstInPlace = inPlace;
   }
   // Collectives from 4 KiB choose how their pieces cross as they run (see
-  // tuning/copy_choice.h); the other ops take what their size chose.
-  size_t bytes = 0;  // the largest buffer of the group
-  if (copyChoice)
-    for (size_t i = 0; i < count; ++i) {
-      const Extents extents = extentsOf(ops[i], nranks);
-      bytes = std::max({bytes, extents.inBytes, extents.outBytes});
-    }
-  // Smaller ops take slots and read no clock: a clock read costs a good
-  // part of a small op. Of the others, those the choice counts read it
-  // when it says so.
+  // tuning/copy_choice.h), reading the clock when the choice says so;
+  // smaller ops take slots and read no clock (a clock read costs a good
+  // part of a small op).
   const bool chooses = copyChoice && bytes >= tuning::CopyChoice::kSmallestOp;
   const bool counted = chooses && count == 1 && !ops[0].pointToPoint() && !ops[0].tunerTrial;
   unsigned kind = 0;  // its collective, in place or not; a group's is its own
   tuning::CopyPath path = tuning::CopyPath::Slots;
   if (chooses) {
-    const Extents first = extentsOf(ops[0], nranks);
     kind = count > 1 ? tuning::CopyChoice::kKinds - 1
-                     : static_cast<unsigned>(ops[0].kind) * 2 +
-                           overlap(first.in, first.inBytes, first.out, first.outBytes);
+                     : static_cast<unsigned>(ops[0].kind) * 2 + firstInPlace;
     path = counted ? copyChoice->next(kind, bytes) : copyChoice->chosen(kind, bytes);
   }
   const bool timed = counted && copyChoice->timesLast(kind, bytes);
