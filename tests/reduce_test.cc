@@ -1086,5 +1086,13 @@ TEST(StreamingStores, ReduceMatchesTheKernelForEveryElementSize) {
     braid::reduce::reduceStreaming(kernel, got.data() + 16, a.data() + 8, b.data(), count, elem);
     EXPECT_EQ(std::memcmp(got.data() + 16, want.data(), want.size()), 0)
         << braid::dataTypeName(type);
+    // With a second copy, streamed or written by the kernel itself.
+    for (auto how : {braid::reduce::Also::Streamed, braid::reduce::Also::Cached}) {
+      std::vector<std::byte> out(count * elem), also(count * elem);
+      braid::reduce::reduceStreaming(kernel, out.data(), a.data() + 8, b.data(), count, elem,
+                                     also.data(), how);
+      EXPECT_EQ(out, want) << braid::dataTypeName(type);
+      EXPECT_EQ(also, want) << braid::dataTypeName(type);
+    }
   }
 }

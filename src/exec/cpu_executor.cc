@@ -286,9 +286,9 @@ bool Executor::advance(Lane& lane) {
                                   slotMemory);
           break;
         }
-        if (streamResult && !lent) {  // into the slot, then on to the output past the cache
-          lane.kernel(slotMemory, theirs, mine, elems);
-          reduce::copyStreaming(result, slotMemory, piece);
+        if (streamResult && !lent) {  // into the slot, and from there past the cache
+          reduce::reduceStreaming(lane.kernel, result, theirs, mine, elems, lane.elemSize,
+                                  slotMemory, reduce::Also::Cached);
           break;
         }
         lane.kernel(result, theirs, mine, elems);

@@ -62,7 +62,7 @@ void copyStreaming(void* dst, const void* src, size_t bytes) {
 }
 
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
-                     size_t elemSize, void* also) {
+                     size_t elemSize, void* also, Also how) {
   alignas(64) std::byte block[kBlockBytes];
   const size_t perBlock = kBlockBytes / elemSize;
   auto* out = static_cast<std::byte*>(dst);
@@ -72,9 +72,11 @@ void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, siz
   for (size_t done = 0; done < count;) {
     const size_t n = std::min(perBlock, count - done);
     const size_t at = done * elemSize;
-    kernel(block, left + at, right + at, n);
-    stream(out + at, block, n * elemSize);
-    if (copy) stream(copy + at, block, n * elemSize);
+    const bool cached = copy && how == Also::Cached;
+    std::byte* into = cached ? copy + at : block;
+    kernel(into, left + at, right + at, n);
+    stream(out + at, into, n * elemSize);
+    if (copy && !cached) stream(copy + at, block, n * elemSize);
     done += n;
   }
   fence();

@@ -23,12 +23,19 @@ namespace braid::reduce {
 // memcpy(dst, src, bytes) with streaming stores. The ranges must not overlap.
 void copyStreaming(void* dst, const void* src, size_t bytes);
 
+// Where reduceStreaming puts a second copy of the result, if it is given
+// one: written past the cache as dst is, or with ordinary stores (a slot
+// that a peer reads next).
+enum class Also { Streamed, Cached };
+
 // kernel(dst, a, b, count) with streaming stores into dst, which must not
-// overlap a or b: the kernel writes a block that stays in the L1 cache, and
-// the block is streamed to dst, and to `also` where that is not null (a
-// second copy, as neither). `elemSize`: the bytes of one element.
+// overlap a or b, block by block (512 B), so that the reads of a and b and
+// the writes to memory overlap: the kernel writes a block that stays in the
+// L1 cache, and the block is streamed to dst. `also`, where not null, gets
+// the result too, as `how` says (Cached: the kernel writes there, and dst
+// is streamed from there). `elemSize`: the bytes of one element.
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
-                     size_t elemSize, void* also = nullptr);
+                     size_t elemSize, void* also = nullptr, Also how = Also::Streamed);
 
 // The last-level cache of this CPU in bytes (sysconf), or 32 MiB where the
 // system does not say.
