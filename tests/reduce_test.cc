@@ -1096,3 +1096,30 @@ TEST(StreamingStores, ReduceMatchesTheKernelForEveryElementSize) {
     }
   }
 }
+
+// copy() takes its own loop where the destination lies 1 to 63 bytes past
+// the source modulo a page: every such distance, and memcpy's on either
+// side, copy exactly the bytes, at lengths around the loop's 64-byte turn.
+TEST(Copies, CopyWritesExactlyTheBytesAtEveryDistanceFromTheSource) {
+  constexpr size_t kPage = 4096, kGuard = 64;
+  std::vector<std::byte> src(5000), dst(kPage + src.size() + 2 * kGuard);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
+  const uintptr_t from = reinterpret_cast<uintptr_t>(src.data());
+  for (size_t distance = 0; distance <= 65; ++distance)
+    for (size_t bytes :
+         {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, src.size()}) {
+      // The first place past the guard that lies `distance` past src, mod a page.
+      const uintptr_t low = reinterpret_cast<uintptr_t>(dst.data()) + kGuard;
+      const size_t shift = (from + distance - low) % kPage;
+      std::byte* to = dst.data() + kGuard + shift;
+      std::fill(dst.begin(), dst.end(), std::byte{0xee});
+      braid::reduce::copy(to, src.data(), bytes);
+      for (size_t i = 0; i < dst.size(); ++i) {
+        const size_t at = static_cast<size_t>(&dst[i] - to);
+        const bool inside = &dst[i] >= to && at < bytes;
+        ASSERT_EQ(dst[i], inside ? src[at] : std::byte{0xee})
+            << "byte " << i << " of a " << bytes << "-byte copy " << distance
+            << " bytes past its source";
+      }
+    }
+}

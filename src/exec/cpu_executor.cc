@@ -254,7 +254,7 @@ bool Executor::advance(Lane& lane) {
       if (streamSlot)
         reduce::copyStreaming(slotMemory, from, piece);
       else
-        std::memcpy(slotMemory, from, piece);
+        reduce::copy(slotMemory, from, piece);
     };
     switch (step.kind) {
       case StepKind::Send:
@@ -265,7 +265,7 @@ bool Executor::advance(Lane& lane) {
         if (lane.streamOutput)
           reduce::copyStreaming(result, theirs, piece);
         else
-          std::memcpy(result, theirs, piece);
+          reduce::copy(result, theirs, piece);
         break;
       case StepKind::RecvReduceSend:
         if (streamSlot)
@@ -299,7 +299,7 @@ bool Executor::advance(Lane& lane) {
         if (!readInto && lane.streamOutput)
           reduce::copyStreaming(result, theirs, piece);
         else if (!readInto)
-          std::memcpy(result, theirs, piece);
+          reduce::copy(result, theirs, piece);
         if (!lent) toSlot(theirs);  // (read into the result: from there)
         break;
       case StepKind::Copy:

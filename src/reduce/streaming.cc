@@ -48,6 +48,27 @@ void stream(std::byte* dst, const std::byte* src, size_t bytes) {
 #endif
 }
 
+// Copies with ordinary 16-byte stores, a line per turn: the loop copy()
+// takes where memcpy is slow.
+void loop(std::byte* dst, const std::byte* src, size_t bytes) {
+#if BRAID_STREAMING_STORES
+  const size_t body = bytes / 64 * 64;
+  for (size_t at = 0; at < body; at += 64) {
+    const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at));
+    const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at + 16));
+    const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at + 32));
+    const __m128i v3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + at), v0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + at + 16), v1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + at + 32), v2);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + at + 48), v3);
+  }
+  std::memcpy(dst + body, src + body, bytes - body);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 void fence() {
 #if BRAID_STREAMING_STORES
   _mm_sfence();
@@ -59,6 +80,16 @@ void fence() {
 void copyStreaming(void* dst, const void* src, size_t bytes) {
   stream(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
   fence();
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  constexpr uintptr_t kPage = 4096, kNear = 64;
+  const uintptr_t past =
+      (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) % kPage;
+  if (past == 0 || past >= kNear)
+    std::memcpy(dst, src, bytes);
+  else
+    loop(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
 }
 
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
