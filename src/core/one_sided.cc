@@ -21,6 +21,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "reduce/streaming.h"
 
 namespace braid {
 namespace {
@@ -429,7 +430,7 @@ void OneSided::put(const void* source, size_t bytes, int peer, uint64_t window, 
       address = w.addressOf[static_cast<size_t>(peer)];
     }
     if (at) {
-      std::memcpy(at + offset, source, bytes);
+      reduce::copy(at + offset, source, bytes);
     } else {
       iovec local{const_cast<void*>(source), bytes};
       iovec remote{reinterpret_cast<void*>(address + offset), bytes};

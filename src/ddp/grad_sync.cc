@@ -15,6 +15,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "ddp/buckets.h"
+#include "reduce/streaming.h"
 
 namespace braid::ddp {
 
@@ -81,7 +82,7 @@ struct GradSync::State {
     if (options.gradientsAsBucketViews && !buckets.empty())
       for (size_t i = 0; i < params.size(); ++i) {
         const size_t bytes = params[i].count * dataTypeSize(params[i].type);
-        if (bytes > 0) std::memcpy(slot(fresh, layout.place[i]), slot(buckets, place[i]), bytes);
+        if (bytes > 0) reduce::copy(slot(fresh, layout.place[i]), slot(buckets, place[i]), bytes);
       }
     buckets = std::move(fresh);
     place = std::move(layout.place);
@@ -109,7 +110,7 @@ struct GradSync::State {
   void copyIn(size_t i) {
     const Parameter& p = params[i];
     if (!options.gradientsAsBucketViews && p.count > 0)
-      std::memcpy(slot(buckets, place[i]), p.gradient, p.count * dataTypeSize(p.type));
+      reduce::copy(slot(buckets, place[i]), p.gradient, p.count * dataTypeSize(p.type));
   }
 
   ReduceOp op() const {
@@ -167,8 +168,8 @@ struct GradSync::State {
     for (size_t k = 0; k < bucket.layout.params.size(); ++k) {
       const Parameter& p = params[bucket.layout.params[k]];
       if (p.count > 0)
-        std::memcpy(p.gradient, bucket.data.data() + bucket.layout.offsets[k] * size,
-                    p.count * size);
+        reduce::copy(p.gradient, bucket.data.data() + bucket.layout.offsets[k] * size,
+                     p.count * size);
     }
   }
 };

@@ -13,6 +13,7 @@
 #include "braid/error.h"
 #include "core/errors.h"
 #include "ddp/buckets.h"
+#include "reduce/streaming.h"
 
 namespace braid::ddp {
 
@@ -124,8 +125,8 @@ ShardedSync::ShardedSync(Communicator& comm, std::vector<Parameter> parameters, 
     for (size_t k = 0; k < bucket.layout.params.size(); ++k) {
       const Parameter& p = s.params[bucket.layout.params[k]];
       if (p.count > 0)
-        std::memcpy(bucket.values.data() + bucket.layout.offsets[k] * size, p.value,
-                    p.count * size);
+        reduce::copy(bucket.values.data() + bucket.layout.offsets[k] * size, p.value,
+                     p.count * size);
     }
     s.buckets.push_back(std::move(bucket));
   }
@@ -149,7 +150,7 @@ void ShardedSync::markReady(size_t i) {
   detail::checkMark(s.params, s.ready, i, "ShardedSync");
   s.ready[i] = 1;
   const Parameter& p = s.params[i];
-  if (p.count > 0) std::memcpy(s.gradientSlot(i), p.gradient, p.count * dataTypeSize(p.type));
+  if (p.count > 0) reduce::copy(s.gradientSlot(i), p.gradient, p.count * dataTypeSize(p.type));
   --s.buckets[s.place[i].first].pending;
   s.startReady();
 }
@@ -217,8 +218,8 @@ void ShardedSync::allGatherParameters() {
     for (size_t k = 0; k < bucket.layout.params.size(); ++k) {
       const Parameter& p = s.params[bucket.layout.params[k]];
       if (p.count > 0)
-        std::memcpy(p.value, bucket.values.data() + bucket.layout.offsets[k] * size,
-                    p.count * size);
+        reduce::copy(p.value, bucket.values.data() + bucket.layout.offsets[k] * size,
+                     p.count * size);
     }
   }
 }
@@ -231,8 +232,8 @@ void ShardedSync::broadcastParameters(int root) {
     for (size_t k = 0; k < bucket.layout.params.size(); ++k) {
       const Parameter& p = s.params[bucket.layout.params[k]];
       if (p.count > 0)
-        std::memcpy(bucket.values.data() + bucket.layout.offsets[k] * size, p.value,
-                    p.count * size);
+        reduce::copy(bucket.values.data() + bucket.layout.offsets[k] * size, p.value,
+                     p.count * size);
     }
   }
 }

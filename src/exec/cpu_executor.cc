@@ -182,6 +182,8 @@ bool Executor::advance(Lane& lane) {
   if (step.kind == StepKind::Copy || step.kind == StepKind::Reduce) {
     if (step.kind == StepKind::Reduce)
       lane.kernel(dst, dst, src, step.count);
+    else if (src + total <= dst || dst + total <= src)
+      reduce::copy(dst, src, total);
     else if (src != dst)
       std::memmove(dst, src, total);
     if (step.finalize) reduce::finalize(dst, step.count, lane.type, lane.op, lane.nranks);
