@@ -157,6 +157,15 @@ void Executor::noteLent(const transport::Connection* connection, uint64_t ticket
   lent_.push_back({connection, ticket, peer});
 }
 
+std::byte* Executor::stagingFor(const std::byte* source, size_t bytes) {
+  constexpr uintptr_t kPage = 4096;
+  const size_t need = std::max(bytes, pieceBytes_) + 2 * kPage;
+  if (staging_.size() < need) staging_.resize(need);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(staging_.data());
+  const uintptr_t page = (base + kPage - 1) / kPage * kPage;
+  return staging_.data() + (page - base) + reinterpret_cast<uintptr_t>(source) % kPage;
+}
+
 // Moves as many pieces of the lane's current step as its connections take
 // now; true when anything moved. This is the hot path: per piece it takes
 // no lock, makes no system call of its own and allocates nothing (lent_,
@@ -231,16 +240,14 @@ bool Executor::advance(Lane& lane) {
     }
     const bool lent = region || byAddress;
     // The peer's bytes, here. One that came by address is read where this
-    // piece keeps it (received: into the result; to combine: staged).
+    // piece keeps it: received, into the result, unless the kernel's copy
+    // would be slow there (reduce::copiesSlowly); else staged.
     const std::byte* theirs = message ? message->data : nullptr;
     const bool readInto = message && message->remote &&
-                          (step.kind == StepKind::Recv || step.kind == StepKind::RecvCopySend);
+                          (step.kind == StepKind::Recv || step.kind == StepKind::RecvCopySend) &&
+                          !reduce::copiesSlowly(result, message->data);
     if (message && message->remote) {
-      std::byte* to = result;
-      if (!readInto) {
-        if (staging_.size() < piece) staging_.resize(pieceBytes_);
-        to = staging_.data();
-      }
+      std::byte* to = readInto ? result : stagingFor(message->data, piece);
       if (!in->readRemote(to, message->data, piece))
         failClosed(*lane.info, step.recvPeer, "reads the data it lent");
       theirs = to;

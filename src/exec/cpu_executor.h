@@ -262,7 +262,11 @@ class Executor {
   size_t addressFrom_ = 0;
   bool streamSlots_ = false;
   bool carriesAddresses_ = false;
-  // A piece read by address that a reduction combines, before it does.
+  // A piece read by address that a reduction combines, before it does (or
+  // that lands in the result after, see advance()): stagingFor(source,
+  // bytes) gives room for it at the source's offset in a page, where the
+  // kernel's copy is fastest.
+  std::byte* stagingFor(const std::byte* source, size_t bytes);
   std::vector<std::byte> staging_;
   Activity activity_;
   int blamed_ = -1;

@@ -83,13 +83,10 @@ void copyStreaming(void* dst, const void* src, size_t bytes) {
 }
 
 void copy(void* dst, const void* src, size_t bytes) {
-  constexpr uintptr_t kPage = 4096, kNear = 64;
-  const uintptr_t past =
-      (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) % kPage;
-  if (past == 0 || past >= kNear)
-    std::memcpy(dst, src, bytes);
-  else
+  if (copiesSlowly(dst, src))
     loop(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,

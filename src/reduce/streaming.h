@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "reduce/reduce.h"
 
@@ -35,6 +36,15 @@ void copyStreaming(void* dst, const void* src, size_t bytes);
 // The ranges must not overlap. (Without a fence: the caller's release
 // store orders the bytes before a flag, as after memcpy.)
 void copy(void* dst, const void* src, size_t bytes);
+
+// Whether dst lies 1 to 63 bytes past src modulo 4 KiB: where memcpy, and
+// the kernel's copy behind process_vm_readv, are slow (see copy()).
+inline bool copiesSlowly(const void* dst, const void* src) {
+  constexpr uintptr_t kPage = 4096, kNear = 64;
+  const uintptr_t past =
+      (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) % kPage;
+  return past != 0 && past < kNear;
+}
 
 // Where reduceStreaming puts a second copy of the result, if it is given
 // one: written past the cache as dst is, or with ordinary stores (a slot
