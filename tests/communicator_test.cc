@@ -487,13 +487,13 @@ bool processesReadEachOther() {
 // Pieces by address (BRAID_CMA_BYTES a size): peers on shared memory read
 // ordinary memory where it lies, and every result stays right: the ring
 // out of place (its input lent) and in place (only its settled output
-// lent), an all-gather, a group of ops that lend together, and
-// point-to-point; more pieces than a FIFO holds.
+// lent), an all-gather at offsets where reads are staged, a group of ops
+// that lend together, and point-to-point; more pieces than a FIFO holds.
 TEST(SingleCopy, PeersReadOrdinaryMemoryByAddressAndEveryResultStaysRight) {
   if (!processesReadEachOther())
     GTEST_SKIP() << "process_vm_readv between processes is not allowed here (ptrace policy)";
   ::setenv("BRAID_CMA_BYTES", "4K", 1);
-  ::setenv("BRAID_ALGO", "allreduce:ring", 1);
+  ::setenv("BRAID_ALGO", "allreduce:ring,allgather:ring", 1);
   runRanks(3, [](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
     // (Over other transports, as in this suite's ucx.* and ibverbs_fake.*
@@ -520,12 +520,22 @@ TEST(SingleCopy, PeersReadOrdinaryMemoryByAddressAndEveryResultStaysRight) {
     require(shm == (afterAllReduce > 0), format("%llu pieces of the all-reduces went by address",
                                                 static_cast<unsigned long long>(afterAllReduce)));
 
-    std::vector<int32_t> mine(count / 8), all(count / 8 * n);
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int32_t>(r * 1000000 + i);
-    comm.allGather(mine.data(), all.data(), mine.size(), DataType::Int32);
+    // Each rank's all-gather buffers lie r elements past a page, so that a
+    // result lies a few bytes past the piece read into it, modulo a page
+    // (4 (r - from)): such pieces are staged first.
+    const size_t each = count / 8;
+    std::vector<int32_t> mineAt(each + 1024 + n), allAt(each * n + 1024 + n);
+    auto pastAPage = [r](std::vector<int32_t>& v) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(v.data());
+      return v.data() + ((at + 4095) / 4096 * 4096 - at) / sizeof(int32_t) + r;
+    };
+    int32_t* mine = pastAPage(mineAt);
+    int32_t* all = pastAPage(allAt);
+    for (size_t i = 0; i < each; ++i) mine[i] = static_cast<int32_t>(r * 1000000 + i);
+    comm.allGather(mine, all, each, DataType::Int32);
     for (int from = 0; from < n; ++from)
-      for (size_t i = 0; i < mine.size(); ++i)
-        if (all[from * mine.size() + i] != static_cast<int32_t>(from * 1000000 + i))
+      for (size_t i = 0; i < each; ++i)
+        if (all[from * each + i] != static_cast<int32_t>(from * 1000000 + i))
           require(false, format("all-gather: element %zu from rank %d is wrong", i, from));
 
     // A group: ops that run together, each lending its own pieces (an
