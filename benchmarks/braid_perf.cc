@@ -54,20 +54,23 @@ namespace {
 
 constexpr size_t kAlignment = 4096;
 
-// One page-aligned host buffer: ordinary memory, or braid::memAlloc's.
+// One host buffer, `shift` bytes (under a page) past a page: ordinary
+// memory, or braid::memAlloc's.
 class Buffer {
  public:
-  Buffer(size_t bytes, bool registered) : registered_(registered) {
-    size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    data_ = static_cast<unsigned char*>(registered ? braid::memAlloc(rounded)
+  Buffer(size_t bytes, bool registered, size_t shift = 0) : registered_(registered) {
+    size_t rounded =
+        (std::max<size_t>(bytes, 1) + shift + kAlignment - 1) / kAlignment * kAlignment;
+    base_ = static_cast<unsigned char*>(registered ? braid::memAlloc(rounded)
                                                    : std::aligned_alloc(kAlignment, rounded));
-    if (!data_) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes");
+    if (!base_) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes");
+    data_ = base_ + shift;
   }
   ~Buffer() {
     if (registered_)
-      braid::memFree(data_);
+      braid::memFree(base_);
     else
-      std::free(data_);
+      std::free(base_);
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -75,6 +78,7 @@ class Buffer {
 
  private:
   bool registered_;
+  unsigned char* base_;
   unsigned char* data_;
 };
 
@@ -449,6 +453,8 @@ void Runner::printHeader(const std::vector<size_t>& sizes) const {
                                                 std::to_string(options_.graphLaunches) + " times"
                                           : std::string());
   }
+  if (options_.offset > 0)
+    buffers += ", rank r's r x " + std::to_string(options_.offset) + " bytes past a page";
   std::printf("; time per call: %s; buffers: %s\n#\n", averageName(options_.average),
               buffers.c_str());
 
@@ -492,10 +498,10 @@ std::string Runner::json(const std::vector<Row>& rows, uint64_t wrong, double av
   std::string device = device_ ? std::string("\"") + device_->device().name() + "\"" : "null";
   add("{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"iters\": %d,\n"
       "  \"warmup\": %d,\n  \"check\": %s,\n  \"time\": \"%s\",\n  \"memory\": \"%s\",\n"
-      "  \"device\": %s,\n  \"graph_launches\": %d,\n  \"results\": [",
+      "  \"device\": %s,\n  \"graph_launches\": %d,\n  \"offset\": %zu,\n  \"results\": [",
       collectiveName(collective_), nranks_, options_.iters, options_.warmup,
       options_.check ? "true" : "false", averageName(options_.average), device_ ? "device" : "host",
-      device.c_str(), options_.graphLaunches);
+      device.c_str(), options_.graphLaunches, options_.offset);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     add("%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
@@ -528,8 +534,9 @@ Result Runner::run() {
       recvBytes = std::max(recvBytes, c == Collective::AllGather ? whole : part);
     }
   }
-  send_ = std::make_unique<Buffer>(sendBytes, options_.registration == 1);
-  recv_ = std::make_unique<Buffer>(recvBytes, options_.registration == 1);
+  const size_t shift = static_cast<size_t>(rank_) * options_.offset % kAlignment;
+  send_ = std::make_unique<Buffer>(sendBytes, options_.registration == 1, shift);
+  recv_ = std::make_unique<Buffer>(recvBytes, options_.registration == 1, shift);
   sendBytes_ = sendBytes;
   recvBytes_ = recvBytes;
   if (device_) {

@@ -34,6 +34,8 @@ constexpr const char* kUsage =
     "                           peers read in place; 2 (with -G 1): device buffers\n"
     "                           registered as windows, which collectives reach into\n"
     "                           directly, as nccl-tests' -R 2 (default 0: neither)\n"
+    "  -O, --offset BYTES       host buffers start rank x BYTES past a page (mod 4 KiB),\n"
+    "                           as buffers cut out of larger ones do (default 0: on a page)\n"
     "  -G, --device 0|1         1: buffers in device memory of the communicator's device\n"
     "                           (BRAID_DEVICE picks it), every call enqueued on one device\n"
     "                           stream; the time covers the calls and a stream synchronize\n"
@@ -63,7 +65,7 @@ constexpr Flag kFlags[] = {
     {'r', "root", true},           {'A', "average", true},  {'J', "output_file", true},
     {'R', "local_register", true}, {'G', "device", true},   {'a', "all", false},
     {'z', "blocking", false},      {'h', "help", false},    {'g', "ngpus", true},
-    {'C', "graph", true},
+    {'C', "graph", true},          {'O', "offset", true},
 };
 
 const std::pair<const char*, DataType> kTypeNames[] = {
@@ -279,6 +281,9 @@ bool parseOptions(int argc, char** argv, Options* options) {
       case 'R':
         options->registration = static_cast<int>(intValue(option, value, 0, 2));
         break;
+      case 'O':
+        options->offset = static_cast<size_t>(intValue(option, value, 0, 4095));
+        break;
       case 'G':
         options->onDevice = intValue(option, value, 0, 1) == 1;
         break;
@@ -306,6 +311,8 @@ bool parseOptions(int argc, char** argv, Options* options) {
                      std::to_string(options->maxBytes) + ")");
   if (options->onDevice && options->registration == 1)
     throw UsageError("-G 1 and -R 1 exclude each other: -R 1 registers host memory");
+  if (options->onDevice && options->offset > 0)
+    throw UsageError("-O shifts host buffers: drop it with -G 1");
   if (!options->onDevice && options->registration == 2)
     throw UsageError("-R 2 registers device buffers as windows: it needs -G 1");
   if (options->graphLaunches > 0 && !options->onDevice)

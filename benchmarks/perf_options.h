@@ -59,6 +59,8 @@ struct Options {
   // registered as windows (Communicator::registerWindow), NCCL's symmetric
   // registration.
   int registration = 0;
+  // -O: host buffers start rank * offset bytes past a page (mod 4 KiB).
+  size_t offset = 0;
   // -g: ranks (devices) driven by this one process, one thread each, made
   // with Communicator::initAll; 1: one rank per process, from the launcher.
   int gpus = 1;

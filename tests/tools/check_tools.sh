@@ -69,6 +69,10 @@ check "braid-perf -G 1 -C 3 (calls replayed from graphs) at 3 ranks: 6 rows, 0 w
   "set -o pipefail; BRAID_DEVICE=emulated '$bin/braid-run' -n 3 '$bin/braid-perf' allreduce -G 1 \
    -C 3 -b 8 -e 1M -f 8 -n 5 -w 2 | awk '!/^#/ { rows++; if (\$9 != 0 || \$13 != 0) bad++ }
    END { exit !(rows == 6 && bad == 0) }'"
+check "braid-perf -O 4 (rank r's buffers 4r bytes past a page) -a at 3 ranks, checked" 0 \
+  "$bin/braid-run" -n 3 "$bin/braid-perf" -a -b 1K -e 4M -f 64 -n 2 -w 1 -O 4
+check "braid-perf -O 4096 exits 2" 2 "$bin/braid-perf" allreduce -O 4096
+check "braid-perf -O with -G 1 exits 2" 2 "$bin/braid-perf" allreduce -G 1 -O 4
 check "braid-perf -C without -G 1 exits 2" 2 "$bin/braid-perf" allreduce -C 3
 check "braid-perf -R 2 without -G 1 exits 2" 2 "$bin/braid-perf" allreduce -R 2
 check "braid-perf -g 2 under braid-run exits 2" 2 \
