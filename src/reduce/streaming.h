@@ -27,18 +27,19 @@ namespace braid::reduce {
 void copyStreaming(void* dst, const void* src, size_t bytes);
 
 // memcpy(dst, src, bytes) with ordinary stores, minding one case. Where dst
-// lies 1 to 63 bytes past src modulo 4 KiB, glibc's memcpy (`rep movsb` on
-// this project's EPYC VM) ran 2 times slower than usual for 128 MiB copied
-// in 256 KiB pieces (a malloc'd output at page offset 16 filled from a slot
-// at offset 0), and 14 times slower for 64 KiB pieces in the cache at a
-// distance of 1 byte: each load waits for a store that only seems to
-// overlap it. There a plain vector loop copies, at memcpy's usual speed.
-// The ranges must not overlap. (Without a fence: the caller's release
-// store orders the bytes before a flag, as after memcpy.)
+// lies a few bytes past src modulo 4 KiB, glibc's memcpy (`rep movsb` on
+// this project's EPYC VM) ran 2 to 5 times slower copying 128 MiB in 256
+// KiB pieces (at 1 to 31 bytes; a malloc'd output, 16 bytes into its page,
+// filled from a slot on a page is one such case), and 14 times slower for
+// 64 KiB pieces in the cache at 1 to 8 bytes: each load waits for a store
+// that only seems to overlap it. From 1 to 63 bytes a plain vector loop
+// copies instead, at memcpy's usual speed. The ranges must not overlap.
+// (No fence: the caller's release store orders the bytes before a flag,
+// as after memcpy.)
 void copy(void* dst, const void* src, size_t bytes);
 
 // Whether dst lies 1 to 63 bytes past src modulo 4 KiB: where memcpy, and
-// the kernel's copy behind process_vm_readv, are slow (see copy()).
+// the kernel's copy behind process_vm_readv, may be slow (see copy()).
 inline bool copiesSlowly(const void* dst, const void* src) {
   constexpr uintptr_t kPage = 4096, kNear = 64;
   const uintptr_t past =
