@@ -99,10 +99,10 @@ void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, siz
   auto* copy = static_cast<std::byte*>(also);
   const auto* left = static_cast<const std::byte*>(a);
   const auto* right = static_cast<const std::byte*>(b);
+  const bool cached = copy && how == Also::Cached;  // the kernel writes `also` itself
   for (size_t done = 0; done < count;) {
     const size_t n = std::min(perBlock, count - done);
     const size_t at = done * elemSize;
-    const bool cached = copy && how == Also::Cached;
     std::byte* into = cached ? copy + at : block;
     kernel(into, left + at, right + at, n);
     stream(out + at, into, n * elemSize);
