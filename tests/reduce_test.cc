@@ -1094,6 +1094,28 @@ TEST(StreamingStores, ReduceMatchesTheKernelForEveryElementSize) {
       EXPECT_EQ(out, want) << braid::dataTypeName(type);
       EXPECT_EQ(also, want) << braid::dataTypeName(type);
     }
+    // Written with ordinary stores and copied block by block, apart and in
+    // place (the output is b), touching nothing past the copy.
+    std::vector<std::byte> out(count * elem), also(count * elem + 1, std::byte{0xee});
+    braid::reduce::reduceCopying(kernel, out.data(), a.data() + 8, b.data(), count, type,
+                                 braid::ReduceOp::Max, 1, also.data());
+    EXPECT_EQ(out, want) << braid::dataTypeName(type);
+    EXPECT_EQ(std::memcmp(also.data(), want.data(), want.size()), 0) << braid::dataTypeName(type);
+    EXPECT_EQ(also.back(), std::byte{0xee}) << braid::dataTypeName(type);
+    std::vector<std::byte> inPlace(b), copied(count * elem);
+    braid::reduce::reduceCopying(kernel, inPlace.data(), a.data() + 8, inPlace.data(), count, type,
+                                 braid::ReduceOp::Max, 1, copied.data());
+    EXPECT_EQ(inPlace, want) << braid::dataTypeName(type);
+    EXPECT_EQ(copied, want) << braid::dataTypeName(type);
+    // An average is divided before it is copied.
+    braid::reduce::Kernel sum = braid::reduce::kernelFor(type, braid::ReduceOp::Avg);
+    std::vector<std::byte> mean(count * elem), meanOut(count * elem), meanAlso(count * elem);
+    sum(mean.data(), a.data() + 8, b.data(), count);
+    braid::reduce::finalize(mean.data(), count, type, braid::ReduceOp::Avg, 2);
+    braid::reduce::reduceCopying(sum, meanOut.data(), a.data() + 8, b.data(), count, type,
+                                 braid::ReduceOp::Avg, 2, meanAlso.data());
+    EXPECT_EQ(meanOut, mean) << braid::dataTypeName(type);
+    EXPECT_EQ(meanAlso, mean) << braid::dataTypeName(type);
   }
 }
 

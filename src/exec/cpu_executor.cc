@@ -300,6 +300,11 @@ bool Executor::advance(Lane& lane) {
                                   slotMemory, reduce::Also::Cached);
           break;
         }
+        if (!lent && !streamSlot) {  // into the result and the slot, a block at a time
+          reduce::reduceCopying(lane.kernel, result, theirs, mine, elems, lane.type, lane.op,
+                                step.finalize ? lane.nranks : 1, slotMemory);
+          break;
+        }
         lane.kernel(result, theirs, mine, elems);
         if (step.finalize) reduce::finalize(result, elems, lane.type, lane.op, lane.nranks);
         if (!lent) toSlot(result);

@@ -112,6 +112,25 @@ void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, siz
   fence();
 }
 
+void reduceCopying(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
+                   DataType type, ReduceOp op, int divisor, void* also) {
+  constexpr size_t kCopyBlockBytes = 4096;
+  const size_t elemSize = dataTypeSize(type);
+  const size_t perBlock = std::max<size_t>(1, kCopyBlockBytes / elemSize);
+  auto* out = static_cast<std::byte*>(dst);
+  auto* second = static_cast<std::byte*>(also);
+  const auto* left = static_cast<const std::byte*>(a);
+  const auto* right = static_cast<const std::byte*>(b);
+  for (size_t done = 0; done < count;) {
+    const size_t n = std::min(perBlock, count - done);
+    const size_t at = done * elemSize;
+    kernel(out + at, left + at, right + at, n);
+    finalize(out + at, n, type, op, divisor);
+    reduce::copy(second + at, out + at, n * elemSize);
+    done += n;
+  }
+}
+
 size_t lastLevelCacheBytes() {
   for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
     const long bytes = ::sysconf(name);

@@ -61,6 +61,14 @@ enum class Also { Streamed, Cached };
 void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
                      size_t elemSize, void* also = nullptr, Also how = Also::Streamed);
 
+// kernel(dst, a, b, count) and then finalize(dst, count, type, op,
+// divisor) (Avg divides), with the result copied to `also` as well, block by
+// block (4 KiB) and with ordinary stores: each block is copied while it is
+// still in the L1 cache, and the copy's writes overlap the kernel's reads.
+// `also` must not overlap dst, a or b.
+void reduceCopying(Kernel kernel, void* dst, const void* a, const void* b, size_t count,
+                   DataType type, ReduceOp op, int divisor, void* also);
+
 // The last-level cache of this CPU in bytes (sysconf), or 32 MiB where the
 // system does not say.
 size_t lastLevelCacheBytes();
