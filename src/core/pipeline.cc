@@ -286,7 +286,8 @@ namespace {
 // (collective, count, type, op, root), the top bit says point-to-point.
 // (Send and recv hash only count and type, which both ends share.) Each
 // part has its own multiplier, so the multiplies run side by side, and one
-// more mixes them (a chain of one multiply per part took 8 ns a call).
+// more mixes them (a chain of one multiply per part was 11 % of the samples
+// of a 1-rank 8 B all-reduce).
 uint32_t tagFor(const PendingOp& op) {
   uint64_t what = 0;
   if (!op.pointToPoint())
