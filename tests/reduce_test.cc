@@ -1108,11 +1108,11 @@ TEST(StreamingStores, ReduceMatchesTheKernelForEveryElementSize) {
     EXPECT_EQ(inPlace, want) << braid::dataTypeName(type);
     EXPECT_EQ(copied, want) << braid::dataTypeName(type);
     // An average is divided before it is copied.
-    braid::reduce::Kernel sum = braid::reduce::kernelFor(type, braid::ReduceOp::Avg);
+    braid::reduce::Kernel averaging = braid::reduce::kernelFor(type, braid::ReduceOp::Avg);
     std::vector<std::byte> mean(count * elem), meanOut(count * elem), meanAlso(count * elem);
-    sum(mean.data(), a.data() + 8, b.data(), count);
+    averaging(mean.data(), a.data() + 8, b.data(), count);
     braid::reduce::finalize(mean.data(), count, type, braid::ReduceOp::Avg, 2);
-    braid::reduce::reduceCopying(sum, meanOut.data(), a.data() + 8, b.data(), count, type,
+    braid::reduce::reduceCopying(averaging, meanOut.data(), a.data() + 8, b.data(), count, type,
                                  braid::ReduceOp::Avg, 2, meanAlso.data());
     EXPECT_EQ(meanOut, mean) << braid::dataTypeName(type);
     EXPECT_EQ(meanAlso, mean) << braid::dataTypeName(type);
