@@ -96,17 +96,17 @@ void reduceStreaming(Kernel kernel, void* dst, const void* a, const void* b, siz
   alignas(64) std::byte block[kBlockBytes];
   const size_t perBlock = kBlockBytes / elemSize;
   auto* out = static_cast<std::byte*>(dst);
-  auto* copy = static_cast<std::byte*>(also);
+  auto* second = static_cast<std::byte*>(also);
   const auto* left = static_cast<const std::byte*>(a);
   const auto* right = static_cast<const std::byte*>(b);
-  const bool cached = copy && how == Also::Cached;  // the kernel writes `also` itself
+  const bool cached = second && how == Also::Cached;  // the kernel writes `also` itself
   for (size_t done = 0; done < count;) {
     const size_t n = std::min(perBlock, count - done);
     const size_t at = done * elemSize;
-    std::byte* into = cached ? copy + at : block;
+    std::byte* into = cached ? second + at : block;
     kernel(into, left + at, right + at, n);
     stream(out + at, into, n * elemSize);
-    if (copy && !cached) stream(copy + at, block, n * elemSize);
+    if (second && !cached) stream(second + at, block, n * elemSize);
     done += n;
   }
   fence();
